@@ -1,0 +1,5 @@
+//! `cms-bookie` binary.
+fn main() {
+    eprintln!("cms-bookie: being built");
+    std::process::exit(1);
+}

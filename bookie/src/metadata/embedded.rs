@@ -1,0 +1,1 @@
+//! Embedded metadata store (standalone): one process, one local file. Being built.

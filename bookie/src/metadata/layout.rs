@@ -1,0 +1,1 @@
+//! The `/cms` layout (DESIGN §3) and `init-cluster`. Being built.

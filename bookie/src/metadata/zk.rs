@@ -1,0 +1,1 @@
+//! ZooKeeper metadata store. Being built.

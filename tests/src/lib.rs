@@ -1,0 +1,1 @@
+//! `cms-tests`: the harness every CMS system test stands on. Being built.
