@@ -3,7 +3,10 @@
 
 /// Records stored in the metadata store (DESIGN §3).
 pub mod metadata {
-    #![allow(missing_docs, reason = "generated code; the .proto documents every field")]
+    #![allow(
+        missing_docs,
+        reason = "generated code; the .proto documents every field"
+    )]
     #![allow(clippy::all, reason = "generated code")]
     tonic::include_proto!("cms.metadata.v1");
 }

@@ -1,1 +1,6 @@
 //! `cms-tests`: the harness every CMS system test stands on. Being built.
+
+pub mod chaos;
+pub mod conformance;
+pub mod harness;
+pub mod history;

@@ -157,7 +157,9 @@ where
     }
     figment = figment.merge(Serialized::globals(explicit));
 
-    figment.extract::<C>().map_err(|e| figment_error(e, env_prefix))
+    figment
+        .extract::<C>()
+        .map_err(|e| figment_error(e, env_prefix))
 }
 
 /// [`load_config`], printing the error and exiting with
@@ -229,6 +231,10 @@ fn one_line(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::result_large_err,
+    reason = "figment::Jail closures must return figment::Error, which is large"
+)]
 mod tests {
     use super::*;
     use clap::Parser;
@@ -288,15 +294,21 @@ mod tests {
     fn file_then_env_then_flags() {
         let f = file("timeout_ms = 10\nname = \"from-file\"\nverbose = true\n");
         let c: Sample = load_config(&matches(&["x"]), Some(f.path()), "CMS_T2_").unwrap();
-        assert_eq!((c.timeout_ms, c.name.as_str(), c.verbose), (10, "from-file", true));
+        assert_eq!(
+            (c.timeout_ms, c.name.as_str(), c.verbose),
+            (10, "from-file", true)
+        );
 
         figment::Jail::expect_with(|jail| {
             jail.set_env("CMS_T2_TIMEOUT_MS", "20");
             let c: Sample = load_config(&matches(&["x"]), Some(f.path()), "CMS_T2_").unwrap();
             assert_eq!((c.timeout_ms, c.name.as_str()), (20, "from-file"));
-            let c: Sample =
-                load_config(&matches(&["x", "--timeout-ms", "30"]), Some(f.path()), "CMS_T2_")
-                    .unwrap();
+            let c: Sample = load_config(
+                &matches(&["x", "--timeout-ms", "30"]),
+                Some(f.path()),
+                "CMS_T2_",
+            )
+            .unwrap();
             assert_eq!(c.timeout_ms, 30);
             Ok(())
         });
@@ -307,7 +319,10 @@ mod tests {
             "CMS_T2_",
         )
         .unwrap();
-        assert_eq!((c.timeout_ms, c.name.as_str(), c.verbose), (30, "flag", true));
+        assert_eq!(
+            (c.timeout_ms, c.name.as_str(), c.verbose),
+            (30, "flag", true)
+        );
     }
 
     #[test]
@@ -375,7 +390,10 @@ mod tests {
     fn malformed_toml_is_an_error_naming_the_file() {
         let f = file("timeout_ms = = 3\n");
         let e = load_config::<Sample>(&matches(&["x"]), Some(f.path()), "CMS_T8_").unwrap_err();
-        assert!(e.to_string().contains(&f.path().display().to_string()), "{e}");
+        assert!(
+            e.to_string().contains(&f.path().display().to_string()),
+            "{e}"
+        );
     }
 
     #[test]

@@ -31,7 +31,9 @@ pub struct LogArgs {
 /// Calling it twice is harmless (the second call keeps the first subscriber).
 pub fn init_logging(args: &LogArgs) -> Result<(), String> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG={v:?}: {e}"))?,
+        Ok(v) if !v.is_empty() => {
+            EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG={v:?}: {e}"))?
+        }
         _ => EnvFilter::try_new(&args.log_level)
             .map_err(|e| format!("--log-level {:?}: {e}", args.log_level))?,
     };

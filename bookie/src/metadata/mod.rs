@@ -46,6 +46,7 @@ use std::task::{Context, Poll};
 use async_trait::async_trait;
 use tokio::sync::{mpsc, watch};
 
+pub mod connect;
 pub mod embedded;
 pub mod layout;
 pub mod zk;
@@ -90,7 +91,10 @@ pub enum CreateMode {
 impl CreateMode {
     /// True for the modes whose nodes die with their session.
     pub fn is_ephemeral(self) -> bool {
-        matches!(self, CreateMode::Ephemeral | CreateMode::EphemeralSequential)
+        matches!(
+            self,
+            CreateMode::Ephemeral | CreateMode::EphemeralSequential
+        )
     }
     /// True for the modes that append the parent's counter to the name.
     pub fn is_sequential(self) -> bool {
@@ -411,7 +415,13 @@ mod tests {
 
     #[test]
     fn valid_paths_pass() {
-        for p in ["/", "/cms", "/zookeeperx", "/cms/ledgers/00/0000/L0001", "/a-b_c.d/e:f"] {
+        for p in [
+            "/",
+            "/cms",
+            "/zookeeperx",
+            "/cms/ledgers/00/0000/L0001",
+            "/a-b_c.d/e:f",
+        ] {
             assert_eq!(validate_path(p), Ok(()), "{p}");
         }
     }

@@ -1,1 +1,0 @@
-//! ZooKeeper metadata store. Being built.
