@@ -53,6 +53,11 @@ impl FromStr for MetadataUrl {
             if let Some(idx) = rest.find('/') {
                 let chroot = &rest[idx..];
                 super::validate_path(chroot).map_err(|e| format!("{s:?}: chroot: {e}"))?;
+                if chroot == "/" {
+                    return Err(format!(
+                        "{s:?}: an empty chroot ('/'): drop the trailing '/'"
+                    ));
+                }
             }
             return Ok(MetadataUrl::ZooKeeper {
                 connect_string: rest.to_string(),
