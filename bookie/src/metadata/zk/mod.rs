@@ -106,7 +106,7 @@ impl fmt::Debug for ZkStore {
 
 /// Attempts to attach a second connection to the session in
 /// [`ZkStore::expire_session_for_test`].
-const EXPIRE_ATTACH_ATTEMPTS_MAX: usize = 10;
+const EXPIRE_ATTACH_ATTEMPTS_MAX: usize = 5;
 
 fn ms(d: u64) -> Duration {
     Duration::from_millis(d)
@@ -275,10 +275,12 @@ impl ZkStore {
         drop(self.client()?);
         // Our own client reconnects when the server moves the session to the
         // second connection, and the two can take the session from each other
-        // for a while: retry the attach a bounded number of times.
+        // (a close sent from a connection that lost the session is refused):
+        // attach, close, and check, a bounded number of rounds.
         let attempt_ms = self.opts.session_timeout_ms.max(1_000);
-        let mut last_error = String::new();
-        let mut other = None;
+        let mut last_error = String::from("the session did not expire");
+        let mut states = self.state.subscribe();
+        tracing::warn!(session = %self.session.id(), "test fault injection: expiring the ZooKeeper session");
         for _ in 0..EXPIRE_ATTACH_ATTEMPTS_MAX {
             if self.state.borrow().is_terminal() {
                 break;
@@ -288,33 +290,21 @@ impl ZkStore {
                 .with_session(self.session.clone());
             match tokio::time::timeout(ms(attempt_ms), connector.connect(&self.hosts)).await {
                 Err(_) => last_error = format!("no answer within {attempt_ms} ms"),
-                Ok(Err(zk::Error::SessionExpired)) => break,
+                Ok(Err(zk::Error::SessionExpired)) => {}
                 Ok(Err(e)) => last_error = e.to_string(),
-                Ok(Ok(client)) => {
-                    other = Some(client);
-                    break;
-                }
+                // Dropping the only handle of the second connection closes the session.
+                Ok(Ok(other)) => drop(other),
             }
+            let _ =
+                tokio::time::timeout(ms(attempt_ms), states.wait_for(|s| s.is_terminal())).await;
         }
-        if other.is_none() && !self.state.borrow().is_terminal() && !last_error.is_empty() {
-            return Err(MetadataError::ConnectionLoss(format!(
-                "could not attach to session {} to expire it after {EXPIRE_ATTACH_ATTEMPTS_MAX} attempts: {last_error}",
+        match *self.state.borrow() {
+            SessionState::Expired => Ok(()),
+            SessionState::Closed => Err(MetadataError::Closed),
+            _ => Err(MetadataError::ConnectionLoss(format!(
+                "could not expire session {} after {EXPIRE_ATTACH_ATTEMPTS_MAX} attempts: {last_error}",
                 self.session.id()
-            )));
-        }
-        // Dropping the only handle of the second connection closes the session.
-        drop(other);
-        tracing::warn!(session = %self.session.id(), "test fault injection: expiring the ZooKeeper session");
-        let wait_ms = self.opts.connect_timeout_ms + 3 * self.opts.session_timeout_ms;
-        let mut states = self.state.subscribe();
-        match tokio::time::timeout(ms(wait_ms), states.wait_for(|s| s.is_terminal())).await {
-            Err(_) => Err(MetadataError::Timeout(wait_ms)),
-            // The sender lives in `self`: cannot be gone while we borrow it.
-            Ok(Err(_)) => Err(MetadataError::Closed),
-            Ok(Ok(s)) => match *s {
-                SessionState::Expired => Ok(()),
-                _ => Err(MetadataError::Closed),
-            },
+            ))),
         }
     }
 
