@@ -349,6 +349,21 @@ impl ZkStore {
     }
 
     /// The error for a `set`/`delete` expecting a version no node can have.
+    /// The version to send for `expected`, or the error for a version
+    /// ZooKeeper cannot hold.
+    async fn zk_version(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        expected: Expected,
+    ) -> Result<Option<i32>> {
+        match convert::version_check(expected) {
+            VersionCheck::Any => Ok(None),
+            VersionCheck::Exact(v) => Ok(Some(v)),
+            VersionCheck::Impossible(v) => Err(self.impossible_version(client, path, v).await),
+        }
+    }
+
     async fn impossible_version(
         &self,
         client: &zk::Client,
@@ -426,13 +441,7 @@ impl MetadataStore for ZkStore {
         validate_path(path)?;
         validate_data(path, data)?;
         let client = self.client()?;
-        let version = match convert::version_check(expected) {
-            VersionCheck::Any => None,
-            VersionCheck::Exact(v) => Some(v),
-            VersionCheck::Impossible(v) => {
-                return Err(self.impossible_version(&client, path, v).await);
-            }
-        };
+        let version = self.zk_version(&client, path, expected).await?;
         let stat = self
             .call(
                 Target::versioned(path, expected),
@@ -451,13 +460,7 @@ impl MetadataStore for ZkStore {
             });
         }
         let client = self.client()?;
-        let version = match convert::version_check(expected) {
-            VersionCheck::Any => None,
-            VersionCheck::Exact(v) => Some(v),
-            VersionCheck::Impossible(v) => {
-                return Err(self.impossible_version(&client, path, v).await);
-            }
-        };
+        let version = self.zk_version(&client, path, expected).await?;
         self.call(
             Target::versioned(path, expected),
             client.delete(path, version),
