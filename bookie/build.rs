@@ -13,7 +13,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .compile_with_config(
             config,
-            &["proto/cms/metadata/v1/metadata.proto"],
+            &[
+                "proto/cms/metadata/v1/metadata.proto",
+                "proto/cms/bookie/v1/bookie.proto",
+            ],
             &["proto"],
         )?;
     println!("cargo:rerun-if-changed=proto");

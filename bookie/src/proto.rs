@@ -10,3 +10,13 @@ pub mod metadata {
     #![allow(clippy::all, reason = "generated code")]
     tonic::include_proto!("cms.metadata.v1");
 }
+
+/// The bookie wire protocol: service `Bookie` and its messages (DESIGN §2).
+pub mod bookie {
+    #![allow(
+        missing_docs,
+        reason = "generated code; the .proto documents every field"
+    )]
+    #![allow(clippy::all, reason = "generated code")]
+    tonic::include_proto!("cms.bookie.v1");
+}

@@ -1,0 +1,133 @@
+//! The storage seam: every byte the journal and the entry logs write to disk goes
+//! through [`Fs`] and [`FsFile`], so tests can run the real bookie on a
+//! fault-injecting implementation (RELIABILITY P0-3 power loss, P0-10 fsync
+//! error) instead of the operating system's files.
+//!
+//! The API is positional (`read_at` / `write_at`) and synchronous: the journal
+//! and the entry logger each run on their own thread, and positional I/O lets a
+//! reader share a file with the writer without seeking.
+//!
+//! Promises of every implementation:
+//! - data written with [`FsFile::write_at`] is durable only after a later
+//!   [`FsFile::sync_data`] on that file returned `Ok`;
+//! - a file created (or renamed, or removed) is durable in its directory only
+//!   after [`Fs::sync_dir`] of that directory returned `Ok`;
+//! - an error from `sync_data` means the unsynced data may be lost: callers treat
+//!   it as fatal for that data and never retry and trust (STYLE §7).
+//!
+//! [`RealFs`] is the production implementation over `std::fs`.
+
+use std::fmt::Debug;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod real;
+
+pub use real::RealFs;
+
+/// How to open a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read only; the file must exist.
+    Read,
+    /// Read and write; the file must exist.
+    ReadWrite,
+    /// Read and write; created empty if missing, kept as it is if present.
+    CreateOrOpen,
+    /// Read and write; the file must not exist yet.
+    CreateNew,
+}
+
+/// A file opened through an [`Fs`]. Positional I/O; shared between threads.
+pub trait FsFile: Send + Sync + Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
+    /// (0 at or past the end of the file).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// Writes all of `buf` at `offset`, extending the file if needed.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+
+    /// Makes every write so far durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// The file's current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Truncates or extends (with zeros) the file to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, or fails with
+    /// `UnexpectedEof`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read_at(&mut buf[done..], offset + done as u64)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "short read: {done} of {} bytes at offset {offset}",
+                        buf.len()
+                    ),
+                ));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// A file system: the operations the bookie's storage needs on paths.
+pub trait Fs: Send + Sync + Debug {
+    /// Opens `path` as `mode` says.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FsFile>>;
+
+    /// Creates `path` and its missing parents.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+
+    /// The entries of directory `path` (full paths), in no particular order.
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+
+    /// Removes the file `path`.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Renames `from` to `to`, replacing `to` if it exists.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Makes the directory's entries (creates, renames, removes) durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+
+    /// Total and available bytes of the file system holding `path`.
+    fn space(&self, path: &Path) -> io::Result<DiskSpace>;
+}
+
+/// Space on one file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSpace {
+    /// Capacity, in bytes.
+    pub total_bytes: u64,
+    /// Bytes an unprivileged writer can still use.
+    pub available_bytes: u64,
+}
+
+impl DiskSpace {
+    /// Fraction of the capacity in use, 0.0..=1.0.
+    pub fn used_fraction(&self) -> f64 {
+        if self.total_bytes == 0 {
+            return 1.0;
+        }
+        1.0 - (self.available_bytes as f64 / self.total_bytes as f64)
+    }
+}
+
+/// The file system type every storage component takes.
+pub type SharedFs = Arc<dyn Fs>;

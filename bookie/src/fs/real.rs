@@ -1,0 +1,137 @@
+//! [`RealFs`]: the production [`Fs`] over `std::fs`, with `fdatasync` for
+//! [`FsFile::sync_data`] and an `fsync` of the directory for [`Fs::sync_dir`].
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{DiskSpace, Fs, FsFile, OpenMode};
+
+/// The operating system's files.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealFs;
+
+#[derive(Debug)]
+struct RealFile {
+    file: File,
+}
+
+impl FsFile for RealFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+}
+
+impl Fs for RealFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FsFile>> {
+        let mut opts = OpenOptions::new();
+        opts.read(true);
+        match mode {
+            OpenMode::Read => {}
+            OpenMode::ReadWrite => {
+                opts.write(true);
+            }
+            OpenMode::CreateOrOpen => {
+                opts.write(true).create(true);
+            }
+            OpenMode::CreateNew => {
+                opts.write(true).create_new(true);
+            }
+        }
+        let file = opts.open(path).map_err(|e| with_path(e, "open", path))?;
+        Ok(Arc::new(RealFile { file }))
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path).map_err(|e| with_path(e, "create dir", path))
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| with_path(e, "read dir", path))? {
+            out.push(entry?.path());
+        }
+        Ok(out)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path).map_err(|e| with_path(e, "remove", path))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to).map_err(|e| with_path(e, "rename", from))
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| with_path(e, "sync dir", path))
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn space(&self, path: &Path) -> io::Result<DiskSpace> {
+        let st = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
+        let frag = st.fragment_size() as u64;
+        Ok(DiskSpace {
+            total_bytes: st.blocks() as u64 * frag,
+            available_bytes: st.blocks_available() as u64 * frag,
+        })
+    }
+}
+
+/// Keeps the error kind and adds what was done to which path.
+fn with_path(e: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_read_sync_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = RealFs;
+        let path = dir.path().join("f");
+        let f = fs.open(&path, OpenMode::CreateNew).unwrap();
+        f.write_at(b"hello", 0).unwrap();
+        f.write_at(b"world", 10).unwrap();
+        f.sync_data().unwrap();
+        assert_eq!(f.len().unwrap(), 15);
+        let mut buf = [0u8; 15];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"hello\0\0\0\0\0world");
+        let mut big = [0u8; 16];
+        assert_eq!(
+            f.read_exact_at(&mut big, 0).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        assert!(fs.open(&path, OpenMode::CreateNew).is_err());
+        fs.sync_dir(dir.path()).unwrap();
+        assert_eq!(fs.read_dir(dir.path()).unwrap(), vec![path.clone()]);
+        let space = fs.space(dir.path()).unwrap();
+        assert!(space.total_bytes > 0);
+        assert!((0.0..=1.0).contains(&space.used_fraction()));
+    }
+}
