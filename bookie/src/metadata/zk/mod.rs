@@ -80,7 +80,7 @@ impl Default for ZkOptions {
 pub struct ZkStore {
     /// The session; `None` once closed. Each call clones it (a cheap handle).
     client: Mutex<Option<zk::Client>>,
-    /// Id and password of the session, for [`ZkStore::expire_session_for_test`].
+    /// Id and password of the session.
     session: zk::SessionInfo,
     /// Servers, without the chroot.
     hosts: String,
@@ -103,10 +103,6 @@ impl fmt::Debug for ZkStore {
             .finish_non_exhaustive()
     }
 }
-
-/// Attempts to attach a second connection to the session in
-/// [`ZkStore::expire_session_for_test`].
-const EXPIRE_ATTACH_ATTEMPTS_MAX: usize = 5;
 
 fn ms(d: u64) -> Duration {
     Duration::from_millis(d)
@@ -260,52 +256,6 @@ impl ZkStore {
             .map_err(|e| convert::map_error(&e, &target))?;
         tracing::info!(chroot, "created the ZooKeeper chroot");
         Ok(())
-    }
-
-    /// **Test-only fault injection**: makes the ZooKeeper server expire this
-    /// handle's session, as a network partition longer than the session timeout
-    /// would, then waits (bounded) until this handle reports
-    /// [`SessionState::Expired`]. Its ephemeral nodes are gone afterwards and every
-    /// call fails with [`MetadataError::SessionExpired`].
-    ///
-    /// It opens a second connection with this session's id and password and
-    /// closes that session from there (the classic technique). Never call it
-    /// outside tests.
-    pub async fn expire_session_for_test(&self) -> Result<()> {
-        drop(self.client()?);
-        // Our own client reconnects when the server moves the session to the
-        // second connection, and the two can take the session from each other
-        // (a close sent from a connection that lost the session is refused):
-        // attach, close, and check, a bounded number of rounds.
-        let attempt_ms = self.opts.session_timeout_ms.max(1_000);
-        let mut last_error = String::from("the session did not expire");
-        let mut states = self.state.subscribe();
-        tracing::warn!(session = %self.session.id(), "test fault injection: expiring the ZooKeeper session");
-        for _ in 0..EXPIRE_ATTACH_ATTEMPTS_MAX {
-            if self.state.borrow().is_terminal() {
-                break;
-            }
-            let connector = zk::Client::connector()
-                .with_session_timeout(ms(self.opts.session_timeout_ms))
-                .with_session(self.session.clone());
-            match tokio::time::timeout(ms(attempt_ms), connector.connect(&self.hosts)).await {
-                Err(_) => last_error = format!("no answer within {attempt_ms} ms"),
-                Ok(Err(zk::Error::SessionExpired)) => {}
-                Ok(Err(e)) => last_error = e.to_string(),
-                // Dropping the only handle of the second connection closes the session.
-                Ok(Ok(other)) => drop(other),
-            }
-            let _ =
-                tokio::time::timeout(ms(attempt_ms), states.wait_for(|s| s.is_terminal())).await;
-        }
-        match *self.state.borrow() {
-            SessionState::Expired => Ok(()),
-            SessionState::Closed => Err(MetadataError::Closed),
-            _ => Err(MetadataError::ConnectionLoss(format!(
-                "could not expire session {} after {EXPIRE_ATTACH_ATTEMPTS_MAX} attempts: {last_error}",
-                self.session.id()
-            ))),
-        }
     }
 
     /// The session handle for one call, or why there is none.
