@@ -207,13 +207,16 @@ fn figment_error(e: figment::Error, env_prefix: &str) -> ConfigError {
         },
         None => "unknown source".to_string(),
     };
-    // For unknown keys figment reports the key in the kind and the parent in the path.
+    // For unknown keys figment names the key in the kind; its path may or may not
+    // end with it already (figment 0.10 includes it), so never name it twice.
     let (key, reason) = match &e.kind {
         figment::error::Kind::UnknownField(field, _) => {
-            let full = if e.path.is_empty() {
+            let full = if e.path.last() == Some(field) {
+                key
+            } else if e.path.is_empty() {
                 field.clone()
             } else {
-                format!("{}.{field}", e.path.join("."))
+                format!("{key}.{field}")
             };
             (full, "unknown key".to_string())
         }
@@ -342,7 +345,7 @@ mod tests {
         let f = file("timeout_ms = 10\nbogus_key = 1\n");
         let e = load_config::<Sample>(&matches(&["x"]), Some(f.path()), "CMS_T4_").unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("bogus_key"), "{msg}");
+        assert!(msg.contains("`bogus_key`"), "the key, once: {msg}");
         assert!(msg.contains(&f.path().display().to_string()), "{msg}");
         assert!(!msg.contains('\n'), "{msg}");
     }
@@ -362,8 +365,8 @@ mod tests {
             jail.set_env("CMS_T6_NOPE", "1");
             let e = load_config::<Sample>(&matches(&["x"]), None, "CMS_T6_").unwrap_err();
             let msg = e.to_string();
-            assert!(msg.contains("nope"), "{msg}");
-            assert!(msg.contains("environment"), "{msg}");
+            assert!(msg.contains("`nope`"), "the key, once: {msg}");
+            assert!(msg.contains("environment CMS_T6_NOPE"), "{msg}");
             Ok(())
         });
         figment::Jail::expect_with(|jail| {
