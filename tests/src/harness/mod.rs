@@ -35,6 +35,7 @@
 
 pub mod bins;
 pub mod http;
+pub mod netns;
 pub mod ports;
 pub mod process;
 pub mod wait;
@@ -73,6 +74,21 @@ pub enum HarnessError {
         what: String,
         /// Where it was expected.
         path: PathBuf,
+    },
+    /// iproute2 (`ip`) is not installed; network namespaces need it.
+    #[error(
+        "`ip` not found; install iproute2 with `apt-get update && apt-get install -y iproute2`"
+    )]
+    IpMissing,
+    /// A system command failed (e.g. `ip netns add` without root).
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// How it exited.
+        status: String,
+        /// What it said on stderr, trimmed.
+        stderr: String,
     },
     /// A file or process operation failed.
     #[error("cannot {action}: {error}")]
