@@ -425,35 +425,39 @@ pub async fn create_get_set_delete_basics(b: &mut dyn ConformanceBackend, base: 
     assert_eq!(call("get", s.get(&join(base, "z"))).await.unwrap().0, bytes);
 }
 
+/// Creates `n` persistent-sequential nodes at `prefix`; appends their numbers
+/// to `seen` and returns their paths.
+async fn create_sequential(
+    s: &Arc<dyn MetadataStore>,
+    prefix: &str,
+    n: usize,
+    seen: &mut Vec<i64>,
+) -> Vec<String> {
+    let mut created = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (p, _) = call(
+            "create seq",
+            s.create(prefix, b"", CreateMode::PersistentSequential),
+        )
+        .await
+        .unwrap();
+        seen.push(seq_suffix(&p, prefix));
+        created.push(p);
+    }
+    created
+}
+
 /// Sequential numbers: 10 digits, growing, never reused after the children
 /// are deleted or after a restart; ephemeral-sequential shares the counter.
 pub async fn sequential_numbers_never_repeat(b: &mut dyn ConformanceBackend, base: &str) {
     let s = fresh(b, base).await;
     let prefix = join(base, "n-");
     let mut seen: Vec<i64> = Vec::new();
-    let mut created = Vec::new();
-    for _ in 0..5 {
-        let (p, _) = call(
-            "create seq",
-            s.create(&prefix, b"", CreateMode::PersistentSequential),
-        )
-        .await
-        .unwrap();
-        seen.push(seq_suffix(&p, &prefix));
-        created.push(p);
-    }
+    let created = create_sequential(&s, &prefix, 5, &mut seen).await;
     for p in &created {
         call("delete", s.delete(p, Expected::Any)).await.unwrap();
     }
-    for _ in 0..3 {
-        let (p, _) = call(
-            "create seq",
-            s.create(&prefix, b"", CreateMode::PersistentSequential),
-        )
-        .await
-        .unwrap();
-        seen.push(seq_suffix(&p, &prefix));
-    }
+    create_sequential(&s, &prefix, 3, &mut seen).await;
     let (p, stat) = call(
         "create eseq",
         s.create(&prefix, b"", CreateMode::EphemeralSequential),
@@ -467,15 +471,7 @@ pub async fn sequential_numbers_never_repeat(b: &mut dyn ConformanceBackend, bas
     b.restart().await;
 
     let s = b.session().await;
-    for _ in 0..3 {
-        let (p, _) = call(
-            "create seq after restart",
-            s.create(&prefix, b"", CreateMode::PersistentSequential),
-        )
-        .await
-        .unwrap();
-        seen.push(seq_suffix(&p, &prefix));
-    }
+    create_sequential(&s, &prefix, 3, &mut seen).await;
     assert!(
         seen.windows(2).all(|w| w[0] < w[1]),
         "{}: sequence numbers must only grow, across deletes and restart: {seen:?}",
@@ -855,6 +851,43 @@ pub async fn invalid_paths_are_refused(b: &mut dyn ConformanceBackend, base: &st
     assert!(call("children", s.children(base)).await.unwrap().is_empty());
 }
 
+/// Every call of the ended session `s` fails with `want` (`when`: "after
+/// expiry", "after close"); `base` is an existing node.
+async fn assert_every_call_fails(
+    b: &dyn ConformanceBackend,
+    s: &Arc<dyn MetadataStore>,
+    base: &str,
+    want: MetadataError,
+    when: &str,
+) {
+    let fails = |r: Result<(), MetadataError>, op: &str| {
+        assert_eq!(r, Err(want.clone()), "{}: {op} {when}", b.name());
+    };
+    fails(call("get", s.get(base)).await.map(|_| ()), "get");
+    fails(call("exists", s.exists(base)).await.map(|_| ()), "exists");
+    fails(
+        call("children", s.children(base)).await.map(|_| ()),
+        "children",
+    );
+    let x = join(base, "x");
+    let create = s.create(&x, b"", CreateMode::Persistent);
+    fails(call("create", create).await.map(|_| ()), "create");
+    let set = s.set(base, b"", Expected::Any);
+    fails(call("set", set).await.map(|_| ()), "set");
+    fails(
+        call("delete", s.delete(base, Expected::Any)).await,
+        "delete",
+    );
+    fails(
+        call("watch", s.watch_data(base)).await.map(|_| ()),
+        "watch_data",
+    );
+    fails(
+        call("watch", s.watch_children(base)).await.map(|_| ()),
+        "watch_children",
+    );
+}
+
 /// Expiry is reported on `session_events` (a terminal state that stays), and
 /// every later call fails with `SessionExpired`.
 pub async fn session_expiry_is_reported_and_calls_fail(b: &mut dyn ConformanceBackend, base: &str) {
@@ -864,43 +897,7 @@ pub async fn session_expiry_is_reported_and_calls_fail(b: &mut dyn ConformanceBa
     let mut watch = call("watch", s.watch_children(base)).await.unwrap();
     b.expire(&s).await;
     wait_state("expiry is reported", &s, SessionState::Expired).await;
-    let expired = |r: Result<(), MetadataError>, op: &str| {
-        assert_eq!(
-            r,
-            Err(MetadataError::SessionExpired),
-            "{}: {op} after expiry",
-            b.name()
-        );
-    };
-    expired(call("get", s.get(base)).await.map(|_| ()), "get");
-    expired(call("exists", s.exists(base)).await.map(|_| ()), "exists");
-    expired(
-        call("children", s.children(base)).await.map(|_| ()),
-        "children",
-    );
-    expired(
-        call(
-            "create",
-            s.create(&join(base, "x"), b"", CreateMode::Persistent),
-        )
-        .await
-        .map(|_| ()),
-        "create",
-    );
-    expired(
-        call("set", s.set(base, b"", Expected::Any))
-            .await
-            .map(|_| ()),
-        "set",
-    );
-    expired(
-        call("delete", s.delete(base, Expected::Any)).await,
-        "delete",
-    );
-    expired(
-        call("watch", s.watch_data(base)).await.map(|_| ()),
-        "watch_data",
-    );
+    assert_every_call_fails(b, &s, base, MetadataError::SessionExpired, "after expiry").await;
     assert_eq!(
         within("watch end", EVENT_WAIT_MS_MAX, watch.next()).await,
         None,
@@ -922,43 +919,7 @@ pub async fn close_is_reported_and_calls_fail(b: &mut dyn ConformanceBackend, ba
     let mut watch = call("watch", s.watch_data(base)).await.unwrap();
     call("close", s.close()).await;
     wait_state("close is reported", &s, SessionState::Closed).await;
-    let closed = |r: Result<(), MetadataError>, op: &str| {
-        assert_eq!(
-            r,
-            Err(MetadataError::Closed),
-            "{}: {op} after close",
-            b.name()
-        );
-    };
-    closed(call("get", s.get(base)).await.map(|_| ()), "get");
-    closed(call("exists", s.exists(base)).await.map(|_| ()), "exists");
-    closed(
-        call("children", s.children(base)).await.map(|_| ()),
-        "children",
-    );
-    closed(
-        call(
-            "create",
-            s.create(&join(base, "x"), b"", CreateMode::Persistent),
-        )
-        .await
-        .map(|_| ()),
-        "create",
-    );
-    closed(
-        call("set", s.set(base, b"", Expected::Any))
-            .await
-            .map(|_| ()),
-        "set",
-    );
-    closed(
-        call("delete", s.delete(base, Expected::Any)).await,
-        "delete",
-    );
-    closed(
-        call("watch", s.watch_children(base)).await.map(|_| ()),
-        "watch_children",
-    );
+    assert_every_call_fails(b, &s, base, MetadataError::Closed, "after close").await;
     assert_eq!(
         within("watch end", EVENT_WAIT_MS_MAX, watch.next()).await,
         None,

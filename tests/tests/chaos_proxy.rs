@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cms_tests::chaos::remote::RemoteChaosProxy;
-use cms_tests::chaos::{ChaosError, ChaosProxy, DirectionFaults, Faults, ProxyConfig};
+use cms_tests::chaos::{ChaosError, ChaosProxy, Direction, DirectionFaults, Faults, ProxyConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -69,6 +69,13 @@ async fn spawn_echo() -> Echo {
         }
     });
     Echo { addr, received }
+}
+
+/// An echo server and a fault-free proxy in front of it.
+async fn echo_behind_proxy() -> (Echo, ChaosProxy) {
+    let echo = spawn_echo().await;
+    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    (echo, proxy)
 }
 
 /// A server that hands every accepted stream to the test.
@@ -190,8 +197,7 @@ fn delay(delay_ms: u64, jitter_ms: u64) -> DirectionFaults {
 
 #[tokio::test]
 async fn pass_through_keeps_a_megabyte_intact_and_counts_connections() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (_, proxy) = echo_behind_proxy().await;
     let mut client = connect(proxy.local_addr()).await;
     let rtt = min_round_trip(&mut client, 3).await;
     assert!(rtt < Duration::from_secs(1), "no-fault round trip {rtt:?}");
@@ -219,8 +225,7 @@ async fn pass_through_keeps_a_megabyte_intact_and_counts_connections() {
 
 #[tokio::test]
 async fn delay_adds_at_least_its_value_to_live_and_new_connections_and_clears() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (_, proxy) = echo_behind_proxy().await;
     let mut live = connect(proxy.local_addr()).await;
     round_trip(&mut live, b"warm-up").await;
 
@@ -247,8 +252,7 @@ async fn delay_adds_at_least_its_value_to_live_and_new_connections_and_clears() 
 
 #[tokio::test]
 async fn jitter_varies_round_trips_but_keeps_byte_order() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (_, proxy) = echo_behind_proxy().await;
     proxy
         .set_faults(Faults {
             seed: 42,
@@ -289,8 +293,7 @@ async fn jitter_varies_round_trips_but_keeps_byte_order() {
 
 #[tokio::test]
 async fn black_hole_swallows_everything_then_resets_only_connections_that_lost_bytes() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (echo, proxy) = echo_behind_proxy().await;
     let mut active = connect(proxy.local_addr()).await;
     round_trip(&mut active, b"before").await;
     let mut idle = connect(proxy.local_addr()).await;
@@ -328,8 +331,7 @@ async fn black_hole_swallows_everything_then_resets_only_connections_that_lost_b
 
 #[tokio::test]
 async fn reset_fault_resets_live_and_new_connections_until_cleared() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (_, proxy) = echo_behind_proxy().await;
     let mut live = connect(proxy.local_addr()).await;
     round_trip(&mut live, b"before").await;
 
@@ -351,8 +353,7 @@ async fn reset_fault_resets_live_and_new_connections_until_cleared() {
 
 #[tokio::test]
 async fn reset_all_resets_live_connections_but_not_later_ones() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (_, proxy) = echo_behind_proxy().await;
     let mut a = connect(proxy.local_addr()).await;
     let mut b = connect(proxy.local_addr()).await;
     round_trip(&mut a, b"a").await;
@@ -383,8 +384,7 @@ async fn served(proxy: SocketAddr) -> bool {
 
 #[tokio::test]
 async fn refusal_closes_new_connections_only_and_is_reproducible_by_seed() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (echo, proxy) = echo_behind_proxy().await;
     let mut live = connect(proxy.local_addr()).await;
     round_trip(&mut live, b"before").await;
 
@@ -420,8 +420,7 @@ async fn refusal_closes_new_connections_only_and_is_reproducible_by_seed() {
 
 #[tokio::test]
 async fn per_chunk_reset_resets_the_connection_instead_of_forwarding() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (echo, proxy) = echo_behind_proxy().await;
     let mut live = connect(proxy.local_addr()).await;
     round_trip(&mut live, b"before").await;
     let received_before = echo.received();
@@ -460,8 +459,7 @@ async fn per_chunk_reset_resets_the_connection_instead_of_forwarding() {
 
 #[tokio::test]
 async fn bandwidth_cap_makes_n_bytes_take_at_least_n_over_rate_each_way() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (_, proxy) = echo_behind_proxy().await;
     let rate = 100_000u64;
     let len = 60_000usize;
     let minimum = Duration::from_secs_f64(len as f64 / rate as f64);
@@ -509,45 +507,61 @@ async fn one_way_cut_holds_one_direction_while_the_other_flows_and_heals() {
         .expect("upstream connection within deadline")
         .unwrap();
 
-    // Client → upstream cut.
-    proxy
-        .set_faults(Faults {
-            to_upstream: DirectionFaults {
-                cut: true,
-                ..DirectionFaults::default()
-            },
-            ..Faults::default()
-        })
-        .unwrap();
-    client.write_all(b"ping").await.unwrap();
-    server.write_all(b"pong").await.unwrap();
-    assert_eq!(read_exactly(&mut client, 4).await, b"pong");
-    expect_silence(&mut server).await;
-    proxy.clear_faults();
-    assert_eq!(
-        read_exactly(&mut server, 4).await,
+    // Client → upstream cut, then upstream → client cut.
+    one_way_cut_holds_then_delivers(
+        &proxy,
+        Direction::ToUpstream,
+        &mut client,
+        &mut server,
         b"ping",
-        "held bytes lost"
-    );
+        b"pong",
+    )
+    .await;
+    one_way_cut_holds_then_delivers(
+        &proxy,
+        Direction::ToClient,
+        &mut server,
+        &mut client,
+        b"late",
+        b"up",
+    )
+    .await;
+}
 
-    // Upstream → client cut.
-    proxy
-        .set_faults(Faults {
-            to_client: DirectionFaults {
-                cut: true,
-                ..DirectionFaults::default()
-            },
+/// Cuts `direction` (from `sender` to `receiver`): `held` written by `sender`
+/// does not arrive while `flowing` written back by `receiver` does; once the
+/// cut is cleared, `held` arrives intact.
+async fn one_way_cut_holds_then_delivers(
+    proxy: &ChaosProxy,
+    direction: Direction,
+    sender: &mut TcpStream,
+    receiver: &mut TcpStream,
+    held: &[u8],
+    flowing: &[u8],
+) {
+    let cut = DirectionFaults {
+        cut: true,
+        ..DirectionFaults::default()
+    };
+    let faults = match direction {
+        Direction::ToUpstream => Faults {
+            to_upstream: cut,
             ..Faults::default()
-        })
-        .unwrap();
-    server.write_all(b"late").await.unwrap();
-    client.write_all(b"up").await.unwrap();
-    assert_eq!(read_exactly(&mut server, 2).await, b"up");
-    expect_silence(&mut client).await;
+        },
+        Direction::ToClient => Faults {
+            to_client: cut,
+            ..Faults::default()
+        },
+    };
+    proxy.set_faults(faults).unwrap();
+    sender.write_all(held).await.unwrap();
+    receiver.write_all(flowing).await.unwrap();
+    assert_eq!(read_exactly(sender, flowing.len()).await, flowing);
+    expect_silence(receiver).await;
     proxy.clear_faults();
     assert_eq!(
-        read_exactly(&mut client, 4).await,
-        b"late",
+        read_exactly(receiver, held.len()).await,
+        held,
         "held bytes lost"
     );
 }
@@ -577,8 +591,7 @@ async fn connections_beyond_the_limit_are_reset_at_accept() {
 
 #[tokio::test]
 async fn invalid_faults_are_refused_and_change_nothing() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (echo, proxy) = echo_behind_proxy().await;
     let good = Faults {
         seed: 3,
         to_client: delay(5, 0),
@@ -606,8 +619,7 @@ async fn invalid_faults_are_refused_and_change_nothing() {
 
 #[tokio::test]
 async fn stop_and_drop_close_the_listener_and_every_connection() {
-    let echo = spawn_echo().await;
-    let proxy = ChaosProxy::start(any_port(), echo.addr).await.unwrap();
+    let (echo, proxy) = echo_behind_proxy().await;
     let addr = proxy.local_addr();
     let mut live = connect(addr).await;
     round_trip(&mut live, b"before").await;

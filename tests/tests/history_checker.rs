@@ -31,10 +31,29 @@ fn only(report: &Report, kind: ViolationKind) {
     assert_eq!(kinds(report), BTreeSet::from([kind]), "{report}");
 }
 
+/// The report holds exactly one violation, an unexpected duplicate for `reason`.
+fn only_duplicate(report: &Report, reason: DuplicateReason) {
+    only(report, ViolationKind::UnexpectedDuplicate);
+    assert_eq!(report.violations.len(), 1, "{report}");
+    match &report.violations[0] {
+        Violation::UnexpectedDuplicate { reason: got, .. } => assert_eq!(got, &reason, "{report}"),
+        other => panic!("not a duplicate: {other}"),
+    }
+}
+
 /// Sends `payload` from `p` and acks it at `mid`.
 fn send_acked(p: &ProducerRecorder, key: Option<&str>, payload: &str, mid: MessageId) {
     p.invoked(key, payload);
     p.acked(payload, mid);
+}
+
+/// A history with producer `p1` on [`T`] and consumer `c1` on its
+/// subscription `sub`, of type `sub_type`.
+fn producer_and_consumer(sub_type: SubType) -> (History, ProducerRecorder, ConsumerRecorder) {
+    let h = History::new(EVENTS_MAX);
+    let p = h.producer("p1", T);
+    let c = h.consumer("c1", T, "sub", sub_type);
+    (h, p, c)
 }
 
 fn complete(sub: &str) -> CheckOptions {
@@ -43,9 +62,7 @@ fn complete(sub: &str) -> CheckOptions {
 
 #[test]
 fn clean_exclusive_history_passes() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     for i in 0..5 {
         send_acked(&p, None, &format!("m{i}"), id(1, i));
     }
@@ -64,9 +81,7 @@ fn clean_exclusive_history_passes() {
 
 #[test]
 fn lost_acked_message_is_flagged() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     send_acked(&p, None, "m0", id(1, 0));
     send_acked(&p, None, "m1", id(1, 1));
     c.received(None, "m0", id(1, 0), 0);
@@ -80,46 +95,29 @@ fn lost_acked_message_is_flagged() {
 
 #[test]
 fn duplicate_without_redelivery_is_flagged() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Shared);
+    let (h, p, c) = producer_and_consumer(SubType::Shared);
     send_acked(&p, None, "m0", id(1, 0));
     c.received(None, "m0", id(1, 0), 0);
     c.received(None, "m0", id(1, 0), 0);
     let report = h.check(&complete("sub"));
-    only(&report, ViolationKind::UnexpectedDuplicate);
-    assert!(matches!(
-        &report.violations[0],
-        Violation::UnexpectedDuplicate {
-            reason: DuplicateReason::NotRedelivered,
-            ..
-        }
-    ));
+    only_duplicate(&report, DuplicateReason::NotRedelivered);
 }
 
 #[test]
 fn redelivery_of_an_acked_message_is_flagged_even_with_a_redelivery_count() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Shared);
+    let (h, p, c) = producer_and_consumer(SubType::Shared);
     send_acked(&p, None, "m0", id(1, 0));
     c.received(None, "m0", id(1, 0), 0);
     let ack = c.acked(id(1, 0), Some("m0"));
     c.received(None, "m0", id(1, 0), 1);
     let report = h.check(&complete("sub"));
-    only(&report, ViolationKind::UnexpectedDuplicate);
-    assert!(matches!(
-        &report.violations[0],
-        Violation::UnexpectedDuplicate { reason: DuplicateReason::AfterAck { ack_index }, .. } if *ack_index == ack
-    ));
+    only_duplicate(&report, DuplicateReason::AfterAck { ack_index: ack });
 }
 
 #[test]
 fn acked_message_redelivered_after_a_fault_passes() {
     // The cursor may not have persisted the ack before the broker died.
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     send_acked(&p, None, "m0", id(1, 0));
     c.received(None, "m0", id(1, 0), 0);
     c.acked(id(1, 0), Some("m0"));
@@ -130,9 +128,7 @@ fn acked_message_redelivered_after_a_fault_passes() {
 
 #[test]
 fn redelivery_duplicates_pass_at_least_once_and_fail_strict() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     for i in 0..3 {
         send_acked(&p, None, &format!("m{i}"), id(1, i));
     }
@@ -157,9 +153,7 @@ fn redelivery_duplicates_pass_at_least_once_and_fail_strict() {
 
 #[test]
 fn redelivered_sequence_may_restart_from_an_earlier_point() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Failover);
+    let (h, p, c) = producer_and_consumer(SubType::Failover);
     for i in 0..6 {
         send_acked(&p, None, &format!("m{i}"), id(1, i));
     }
@@ -179,9 +173,7 @@ fn redelivered_sequence_may_restart_from_an_earlier_point() {
 
 #[test]
 fn reorder_in_an_exclusive_subscription_is_flagged() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     for i in 0..3 {
         send_acked(&p, None, &format!("m{i}"), id(1, i));
     }
@@ -199,9 +191,7 @@ fn reorder_in_an_exclusive_subscription_is_flagged() {
 
 #[test]
 fn first_delivery_behind_a_later_one_is_a_reorder_even_after_a_fault() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     for i in 0..3 {
         send_acked(&p, None, &format!("m{i}"), id(1, i));
     }
@@ -215,9 +205,7 @@ fn first_delivery_behind_a_later_one_is_a_reorder_even_after_a_fault() {
 
 #[test]
 fn reorder_within_a_key_is_flagged_for_key_shared() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::KeyShared);
+    let (h, p, c) = producer_and_consumer(SubType::KeyShared);
     send_acked(&p, Some("a"), "a0", id(1, 0));
     send_acked(&p, Some("a"), "a1", id(1, 1));
     c.received(Some("a"), "a1", id(1, 1), 0);
@@ -279,9 +267,7 @@ fn shared_subscription_split_across_two_consumers_is_complete() {
 
 #[test]
 fn cursor_past_a_received_but_unacked_message_is_flagged() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Shared);
+    let (h, p, c) = producer_and_consumer(SubType::Shared);
     for i in 0..3 {
         send_acked(&p, None, &format!("m{i}"), id(1, i));
         c.received(None, &format!("m{i}"), id(1, i), 0);
@@ -301,9 +287,7 @@ fn cursor_past_a_received_but_unacked_message_is_flagged() {
 
 #[test]
 fn cursor_past_a_never_received_message_is_flagged_for_a_complete_subscription() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     send_acked(&p, None, "m0", id(1, 0));
     send_acked(&p, None, "m1", id(1, 1));
     c.received(None, "m1", id(1, 1), 0);
@@ -316,9 +300,7 @@ fn cursor_past_a_never_received_message_is_flagged_for_a_complete_subscription()
         "{report}"
     );
     // The cumulative ack covers m0 once an ack of it precedes the observation.
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     send_acked(&p, None, "m0", id(1, 0));
     send_acked(&p, None, "m1", id(1, 1));
     c.received(None, "m0", id(1, 0), 0);
@@ -330,9 +312,7 @@ fn cursor_past_a_never_received_message_is_flagged_for_a_complete_subscription()
 
 #[test]
 fn phantom_message_is_flagged() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     send_acked(&p, None, "m0", id(1, 0));
     c.received(None, "m0", id(1, 0), 0);
     c.received(None, "ghost", id(1, 1), 0);
@@ -347,9 +327,7 @@ fn phantom_message_is_flagged() {
 
 #[test]
 fn unknown_outcome_sends_pass_delivered_or_not() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     p.invoked(None, "delivered");
     p.unknown("delivered", "timeout");
     p.invoked(None, "vanished");
@@ -375,9 +353,7 @@ fn unknown_outcome_sends_pass_delivered_or_not() {
 
 #[test]
 fn retried_send_stored_twice_passes_at_least_once_and_fails_strict() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     p.invoked(None, "m0");
     p.unknown("m0", "timeout");
     p.invoked(None, "m0");
@@ -393,21 +369,12 @@ fn retried_send_stored_twice_passes_at_least_once_and_fails_strict() {
 
 #[test]
 fn payload_stored_twice_without_a_retry_is_flagged() {
-    let h = History::new(EVENTS_MAX);
-    let p = h.producer("p1", T);
-    let c = h.consumer("c1", T, "sub", SubType::Exclusive);
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
     send_acked(&p, None, "m0", id(1, 0));
     c.received(None, "m0", id(1, 0), 0);
     c.received(None, "m0", id(1, 1), 0);
     let report = h.check(&complete("sub"));
-    only(&report, ViolationKind::UnexpectedDuplicate);
-    assert!(matches!(
-        &report.violations[0],
-        Violation::UnexpectedDuplicate {
-            reason: DuplicateReason::StoredTwice,
-            ..
-        }
-    ));
+    only_duplicate(&report, DuplicateReason::StoredTwice);
 }
 
 #[test]

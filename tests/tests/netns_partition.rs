@@ -76,17 +76,25 @@ async fn echo(stream: &mut TcpStream, msg: &[u8], ms: u64) -> std::io::Result<()
     }
 }
 
+/// Connects from side B and echoes `msg`, both of which must succeed within
+/// [`REACH_TIMEOUT_MS`]; returns the connection.
+async fn reach_from_b(pair: &NetnsPair, server: SocketAddr, msg: &[u8]) -> TcpStream {
+    let when = String::from_utf8_lossy(msg);
+    let mut stream = connect_from_b(pair, server, REACH_TIMEOUT_MS)
+        .await
+        .unwrap_or_else(|e| panic!("B connects to A {when}: {e}"));
+    echo(&mut stream, msg, REACH_TIMEOUT_MS)
+        .await
+        .unwrap_or_else(|e| panic!("echo from B {when}: {e}"));
+    stream
+}
+
 #[tokio::test]
 async fn an_echo_server_in_a_is_reachable_from_b_until_cut_and_again_after_heal() {
     let mut pair = pair();
     let server = echo_server(&pair).await;
 
-    let mut held = connect_from_b(&pair, server, REACH_TIMEOUT_MS)
-        .await
-        .expect("B reaches A before the cut");
-    echo(&mut held, b"before", REACH_TIMEOUT_MS)
-        .await
-        .expect("echo before the cut");
+    let mut held = reach_from_b(&pair, server, b"before the cut").await;
 
     pair.cut().expect("cut the link");
     assert!(pair.is_cut());
@@ -98,12 +106,7 @@ async fn an_echo_server_in_a_is_reachable_from_b_until_cut_and_again_after_heal(
     );
 
     pair.heal().expect("heal the link");
-    let mut fresh = connect_from_b(&pair, server, REACH_TIMEOUT_MS)
-        .await
-        .expect("B reaches A again after the heal");
-    echo(&mut fresh, b"after", REACH_TIMEOUT_MS)
-        .await
-        .expect("echo after the heal");
+    reach_from_b(&pair, server, b"after the heal").await;
 }
 
 #[test]
