@@ -101,7 +101,6 @@ impl ReadCache {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
 
     #[test]
