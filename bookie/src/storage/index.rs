@@ -13,6 +13,18 @@
 //! `StorageBackend` over [`FsFile`]), so fault-injecting file systems cover it too.
 //! Every commit is durable (`Durability::Immediate`) when it returns. redb may
 //! panic on a corrupt file; [`Index::open`] turns that into an error.
+//!
+//! Why redb: measured with `examples/index_bench.rs` (1,000,000 ledgers × 4
+//! entries, 40 durable commits of 100,000 sorted entries, 64 MiB cache each,
+//! 2-core Xeon VM, release build, page cache warm):
+//!
+//! | engine | insert | on disk | reopen + 1st get | get p50 / p99 | RSS (peak) |
+//! |---|---|---|---|---|---|
+//! | redb 4.6 | 2.9 s | 150 MiB | 0.4 ms | 3.3 / 7.6 µs | 73 (74) MiB |
+//! | fjall 3.1 | 3.1 s | 192 MiB | 1,866 ms | 4.2 / 9.8 µs | 267 (308) MiB |
+//!
+//! redb wins on every axis, most on restart time and memory, and is already a
+//! dependency; fjall stays an optional bench-only dependency (`bench-fjall`).
 
 use std::collections::HashMap;
 use std::io;
