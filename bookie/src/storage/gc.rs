@@ -6,8 +6,8 @@
 //!
 //! Promises:
 //! - a log with no live data is removed (after its rows are removed in a durable
-//!   commit); logs at or above the writer's active log are never touched, and the
-//!   decision is taken under the flush lock so a flush's uncommitted log is safe;
+//!   commit); logs at or above the writer's active log (read under the flush
+//!   lock) are never touched, so a flush's uncommitted log is safe;
 //! - a log whose live fraction is below `compaction_threshold` has its live
 //!   records copied (CRC-checked) to the active log in batches of at most
 //!   [`COMPACTION_BATCH_BYTES_MAX`], each synced then committed under the flush
@@ -55,42 +55,44 @@ impl LedgerStorage {
     /// thread.
     pub fn gc_and_compact(&self) -> Result<u64, StorageError> {
         self.check_open()?;
+        let _pass = self.gc_lock.lock().map_err(super::poisoned)?;
         let mut reclaimed = 0u64;
         let mut sparse = Vec::new();
+        // Taken under the flush lock, so no flush is halfway: every log below the
+        // active one has all its rows committed, and later flushes and compaction
+        // only append at or above it. Live bytes only shrink meanwhile (deletes),
+        // so the scan below needs no lock.
+        let active = self.lock_writer()?.active_log_id();
+        let index = self.index()?;
+        let live = index.live_bytes_per_log()?;
+        for log_id in self
+            .files
+            .list()
+            .map_err(|e| io_err("list entry logs", e))?
         {
-            let writer = self.lock_writer()?;
-            let index = self.index()?;
-            let active = writer.active_log_id();
-            let live = index.live_bytes_per_log()?;
-            for log_id in self
+            if log_id >= active {
+                continue;
+            }
+            let file_bytes = self
                 .files
-                .list()
-                .map_err(|e| io_err("list entry logs", e))?
-            {
-                if log_id >= active {
-                    continue;
-                }
-                let file_bytes = self
-                    .files
-                    .get(log_id)
-                    .and_then(|f| f.len())
-                    .map_err(|e| io_err(&format!("entry log {log_id} length"), e))?;
-                let live_bytes = live.get(&log_id).copied().unwrap_or(0);
-                if live_bytes == 0 {
-                    self.remove_log(log_id)?;
-                    tracing::info!(
-                        log_id,
-                        bytes = file_bytes,
-                        "entry log removed: no live data"
-                    );
-                    reclaimed += file_bytes;
-                } else {
-                    sparse.push(LogUsage {
-                        log_id,
-                        file_bytes,
-                        live_bytes,
-                    });
-                }
+                .get(log_id)
+                .and_then(|f| f.len())
+                .map_err(|e| io_err(&format!("entry log {log_id} length"), e))?;
+            let live_bytes = live.get(&log_id).copied().unwrap_or(0);
+            if live_bytes == 0 {
+                self.remove_log(log_id)?;
+                tracing::info!(
+                    log_id,
+                    bytes = file_bytes,
+                    "entry log removed: no live data"
+                );
+                reclaimed += file_bytes;
+            } else {
+                sparse.push(LogUsage {
+                    log_id,
+                    file_bytes,
+                    live_bytes,
+                });
             }
         }
         let threshold = self.cfg.compaction_threshold;
@@ -125,7 +127,8 @@ impl LedgerStorage {
         Ok(reclaimed)
     }
 
-    /// Removes a log's rows (durably), then the file. Caller holds the flush lock.
+    /// Removes a log's rows (durably), then the file. The log must be below the
+    /// active one (nothing appends to it any more).
     fn remove_log(&self, log_id: u32) -> Result<(), StorageError> {
         let index = self.index()?;
         let txn = index.begin_write()?;
@@ -162,7 +165,6 @@ impl LedgerStorage {
             Some(n) => copied += n,
             None => return Ok(None),
         }
-        let _writer = self.lock_writer()?;
         self.remove_log(log_id)?;
         let reclaimed = usage.file_bytes.saturating_sub(copied);
         tracing::info!(

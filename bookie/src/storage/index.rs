@@ -96,8 +96,9 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// Opens or creates the index in `dir`.
-    pub(crate) fn open(fs: &SharedFs, dir: &Path) -> Result<Index, StorageError> {
+    /// Opens or creates the index in `dir`; the flag says whether it was created
+    /// now (it had no format record).
+    pub(crate) fn open(fs: &SharedFs, dir: &Path) -> Result<(Index, bool), StorageError> {
         let path = dir.join(INDEX_FILE);
         let file = fs
             .open(&path, OpenMode::CreateOrOpen)
@@ -120,9 +121,11 @@ impl Index {
         };
         let index = Index { db, file };
         let txn = index.begin_write()?;
+        let created;
         {
             let mut meta = txn.open_table(META).map_err(db_err)?;
             let version = meta.get("format").map_err(db_err)?.map(|v| v.value());
+            created = version.is_none();
             match version {
                 None => {
                     meta.insert("format", FORMAT_VERSION).map_err(db_err)?;
@@ -140,7 +143,7 @@ impl Index {
             txn.open_table(LOG_LEDGERS).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
-        Ok(index)
+        Ok((index, created))
     }
 
     /// Bytes of the database file.

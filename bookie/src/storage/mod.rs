@@ -159,13 +159,16 @@ pub struct LedgerStorage {
     /// States set since the last flush (read before the index).
     states: RwLock<HashMap<u64, LedgerState>>,
     read_cache: ReadCache,
+    /// One GC / compaction pass at a time.
+    gc_lock: Mutex<()>,
     closed: AtomicBool,
 }
 
 impl LedgerStorage {
     /// Opens (creating if needed) the storage in `cfg.ledger_dir`. Appends go to a
     /// new entry log; logs left by a crash before their index commit are removed
-    /// by the next GC.
+    /// by the next GC. Refuses to open when entry logs exist without an index
+    /// (it would answer "no entry" for data it holds).
     pub fn open(
         fs: SharedFs,
         cfg: StorageConfig,
@@ -186,9 +189,18 @@ impl LedgerStorage {
             fs.create_dir_all(dir)
                 .map_err(|e| io_err(&format!("create {}", dir.display()), e))?;
         }
-        let index = Index::open(&fs, &index_dir)?;
         let files = Arc::new(LogFiles::new(fs.clone(), current.clone()));
         let logs = files.list().map_err(|e| io_err("list entry logs", e))?;
+        let (index, created) = Index::open(&fs, &index_dir)?;
+        if created && !logs.is_empty() {
+            // Serving from an empty index would answer "no entry" for data we
+            // hold: refuse instead (the index is created before any log).
+            return Err(StorageError::Io(format!(
+                "index {} is missing but {} entry logs exist; refusing to open",
+                index_dir.display(),
+                logs.len()
+            )));
+        }
         let next_log_id = match logs.last() {
             None => 1,
             Some(last) => last
@@ -214,6 +226,7 @@ impl LedgerStorage {
             read_cache: ReadCache::new(cfg.read_cache_bytes_max),
             index: RwLock::new(Some(Arc::new(index))),
             states: RwLock::new(HashMap::new()),
+            gc_lock: Mutex::new(()),
             closed: AtomicBool::new(false),
             files,
             fs,

@@ -665,3 +665,16 @@ fn state_encoding_round_trips_and_rejects_garbage() {
         Err(StorageError::Corrupt { .. })
     ));
 }
+
+#[test]
+fn entry_logs_without_their_index_refuse_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let s = open(&cfg);
+    s.put_entry(1, 0, data(1, 0, 10)).unwrap();
+    s.close().unwrap();
+    drop(s);
+    std::fs::remove_file(dir.path().join("index").join(index::INDEX_FILE)).unwrap();
+    let got = LedgerStorage::open(Arc::new(RealFs), cfg, StorageMetrics::unregistered());
+    assert!(matches!(got, Err(StorageError::Io(m)) if m.contains("missing")));
+}
