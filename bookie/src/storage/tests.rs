@@ -678,3 +678,86 @@ fn entry_logs_without_their_index_refuse_to_open() {
     let got = LedgerStorage::open(Arc::new(RealFs), cfg, StorageMetrics::unregistered());
     assert!(matches!(got, Err(StorageError::Io(m)) if m.contains("missing")));
 }
+
+#[test]
+fn storage_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<LedgerStorage>();
+}
+
+#[test]
+fn an_entry_once_put_stays_readable_while_flushes_and_compaction_run() {
+    const ENTRIES: i64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.compaction_threshold = 0.9;
+    let s = open(&cfg);
+    let reclaimed = AtomicU64::new(0);
+    let put_upto = AtomicU64::new(0); // entries [0, put_upto) were put
+    let done = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0); // flush + delete + GC rounds completed
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for e in 0..ENTRIES {
+                if e % 50 == 0 {
+                    // Make every 50 puts overlap at least one flush/GC round.
+                    let seen = rounds.load(Ordering::SeqCst);
+                    while rounds.load(Ordering::SeqCst) == seen {
+                        std::thread::yield_now();
+                    }
+                }
+                s.put_entry(1, e, data(1, e, 100)).unwrap();
+                // Short-lived ledgers, deleted as we go, give GC and compaction work.
+                let short = 100 + (e / 50) as u64;
+                s.put_entry(short, e, data(short, e, 100)).unwrap();
+                put_upto.store(e as u64 + 1, Ordering::SeqCst);
+            }
+            done.store(true, Ordering::SeqCst);
+        });
+        scope.spawn(|| {
+            let mut deleted_upto = 100u64;
+            while !done.load(Ordering::SeqCst) {
+                // Groups complete before the flush are on disk after it.
+                let complete = 100 + put_upto.load(Ordering::SeqCst) / 50;
+                s.flush().unwrap();
+                while deleted_upto < complete {
+                    s.delete_ledger(deleted_upto).unwrap();
+                    deleted_upto += 1;
+                }
+                reclaimed.fetch_add(s.gc_and_compact().unwrap(), Ordering::SeqCst);
+                rounds.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        scope.spawn(|| {
+            let mut e = 0u64;
+            while !done.load(Ordering::SeqCst) || e < ENTRIES as u64 {
+                let upto = put_upto.load(Ordering::SeqCst);
+                if upto == 0 {
+                    std::thread::yield_now();
+                    continue;
+                }
+                let id = (e * 7919) % upto;
+                assert_eq!(
+                    s.get_entry(1, id as i64).unwrap(),
+                    Some(data(1, id as i64, 100)),
+                    "entry {id}"
+                );
+                e += 1;
+            }
+        });
+    });
+    assert!(rounds.load(Ordering::SeqCst) >= (ENTRIES / 50) as u64);
+    assert!(
+        reclaimed.load(Ordering::SeqCst) > 0,
+        "GC never removed a log"
+    );
+    s.flush().unwrap();
+    assert_eq!(
+        s.get_range(1, 0, usize::MAX, usize::MAX).unwrap().len(),
+        ENTRIES as usize
+    );
+    assert!(
+        s.metrics.entry_log_bytes_written.get() > (ENTRIES * 2 * 124) as u64,
+        "nothing was compacted"
+    );
+}
