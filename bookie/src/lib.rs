@@ -10,3 +10,4 @@ pub mod entry;
 pub mod fs;
 pub mod metadata;
 pub mod proto;
+pub mod storage;
