@@ -25,7 +25,9 @@
 //! 2. Loop: call an input method (`add`, `add_response`, `tick`, ...), then drain
 //!    `poll_action` until it returns `None`, performing each action. Actions
 //!    are plain data; their order within one drain is the order to perform
-//!    them in.
+//!    them in. Time only enters through `tick(now_ms)` (monotonic ms): call it
+//!    periodically (timeouts fire there) and before feeding other inputs, as
+//!    requests the core sends are stamped with the last time it was given.
 //! 3. Metadata: an action carrying a [`metadata::MetadataOp`] asks for a
 //!    read-modify-CAS loop: read the node, call [`metadata::MetadataOp::apply`]
 //!    on what was read, write the result with the version read as the expected
