@@ -6,6 +6,7 @@
 //! engine, bookie server and ledger client come next (see `ARCHITECTURE.md`).
 //! This crate knows nothing of topics or Pulsar.
 
+pub mod client;
 pub mod entry;
 pub mod fs;
 pub mod metadata;
