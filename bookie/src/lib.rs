@@ -8,5 +8,6 @@
 
 pub mod entry;
 pub mod fs;
+pub mod journal;
 pub mod metadata;
 pub mod proto;
