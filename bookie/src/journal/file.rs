@@ -1,7 +1,8 @@
 //! Journal files on disk: naming (`<dir>/current/<file_seq:016x>.jnl`), the
 //! checkpoint file (`<dir>/current/checkpoint`, written to a temporary name,
-//! fsynced, renamed, directory fsynced), starting a file (recycling a spare or
-//! creating one pre-filled with zeros), and the pool of spare files.
+//! fsynced, renamed, directory fsynced), starting a file (recycling a spare,
+//! taking a pre-filled `prealloc-<n>.zero` file, or creating one pre-filled
+//! with zeros), and the pool of spare files.
 //!
 //! Files are pre-filled with zeros once (write + `fdatasync`) and then only
 //! overwritten in place: syncing into merely `fallocate`d space makes every
@@ -24,6 +25,8 @@ const CHECKPOINT_NAME: &str = "checkpoint";
 const CHECKPOINT_TMP_NAME: &str = "checkpoint.tmp";
 /// Suffix of journal files.
 const FILE_SUFFIX: &str = ".jnl";
+/// Suffix of files pre-filled ahead of need.
+const PREALLOC_SUFFIX: &str = ".zero";
 /// Bytes of zeros written per call when pre-filling a file.
 const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 
@@ -129,15 +132,62 @@ fn zero_fill(f: &dyn FsFile, from: u64, to: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Spare files ready for reuse (their old records are of older generations).
+/// Files ready to become the next journal file.
 #[derive(Debug, Default)]
 pub(crate) struct SparePool {
-    /// Paths of spare files, oldest first.
-    pub(crate) files: VecDeque<PathBuf>,
+    /// Recycled journal files (their records are of older generations),
+    /// oldest first; at most `spare_files_max`.
+    pub(crate) recycled: VecDeque<PathBuf>,
+    /// Files pre-filled with zeros ahead of need by the preallocator.
+    pub(crate) zeroed: VecDeque<PathBuf>,
 }
 
-/// Starts journal file `seq`: recycles a spare from `pool` (renamed, header
-/// rewritten, not re-zeroed) or creates one pre-filled with zeros, then
+impl SparePool {
+    /// The next file to use: a recycled one first.
+    fn take(&mut self) -> Option<PathBuf> {
+        self.recycled
+            .pop_front()
+            .or_else(|| self.zeroed.pop_front())
+    }
+
+    /// Whether no file is ready.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.recycled.is_empty() && self.zeroed.is_empty()
+    }
+}
+
+/// The path of pre-filled file `n` (not a journal file until renamed).
+pub(crate) fn prealloc_path(current: &Path, n: u64) -> PathBuf {
+    current.join(format!("prealloc-{n:016x}{PREALLOC_SUFFIX}"))
+}
+
+/// Whether `path` is a pre-filled file (left over ones are removed on open).
+pub(crate) fn is_prealloc(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("prealloc-") && n.ends_with(PREALLOC_SUFFIX))
+}
+
+/// Creates `path` pre-filled with `file_bytes` zeros, fsynced, its directory
+/// fsynced.
+pub(crate) fn create_zeroed(
+    fs: &SharedFs,
+    current: &Path,
+    path: &Path,
+    file_bytes: u64,
+) -> Result<(), JournalError> {
+    let f = fs
+        .open(path, OpenMode::CreateNew)
+        .map_err(|e| io_err("create", path, e))?;
+    zero_fill(f.as_ref(), 0, file_bytes).map_err(|e| io_err("zero-fill", path, e))?;
+    f.sync_data().map_err(|e| io_err("fdatasync", path, e))?;
+    fs.sync_dir(current)
+        .map_err(|e| io_err("sync dir", current, e))
+}
+
+/// Starts journal file `seq`: takes a recycled spare (renamed, header
+/// rewritten, not re-zeroed) or a pre-filled file from `pool`, or creates one
+/// pre-filled with zeros, then
 /// writes and fsyncs the header and fsyncs the directory. The caller holds the
 /// pool lock, so a checkpoint never sees a spare half-renamed.
 pub(crate) fn start_file(
@@ -148,7 +198,7 @@ pub(crate) fn start_file(
     file_bytes: u64,
 ) -> Result<Arc<dyn FsFile>, JournalError> {
     let path = file_path(current, header.file_seq);
-    let f = match pool.files.pop_front() {
+    let f = match pool.take() {
         Some(spare) => {
             fs.rename(&spare, &path)
                 .map_err(|e| io_err("rename spare", &spare, e))?;
@@ -183,7 +233,7 @@ pub(crate) fn start_file(
 }
 
 /// Puts the files in `candidates` into the pool up to `spare_files_max`
-/// spares and removes the rest.
+/// recycled spares and removes the rest.
 pub(crate) fn recycle(
     fs: &SharedFs,
     current: &Path,
@@ -193,12 +243,12 @@ pub(crate) fn recycle(
 ) -> Result<(), JournalError> {
     let mut removed = false;
     for path in candidates {
-        if pool.files.contains(&path) {
+        if pool.recycled.contains(&path) {
             continue;
         }
-        if pool.files.len() < spare_files_max {
+        if pool.recycled.len() < spare_files_max {
             tracing::debug!(file = %path.display(), "journal file kept as a spare");
-            pool.files.push_back(path);
+            pool.recycled.push_back(path);
         } else {
             fs.remove_file(&path)
                 .map_err(|e| io_err("remove", &path, e))?;

@@ -48,7 +48,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -61,6 +61,7 @@ use tokio::sync::oneshot;
 use crate::fs::SharedFs;
 
 mod file;
+mod prealloc;
 mod record;
 mod replay;
 mod writer;
@@ -292,6 +293,8 @@ struct Shared {
     checkpoint: Mutex<JournalMark>,
     /// Files ready for reuse.
     pool: Mutex<file::SparePool>,
+    /// Number of the next pre-filled file.
+    prealloc_seq: AtomicU64,
 }
 
 impl Shared {
@@ -343,6 +346,9 @@ struct Inner {
     tx: SyncSender<Msg>,
     closed: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Wakes the preallocator; dropped (with the writer's) to stop it.
+    prealloc_wake: Mutex<Option<SyncSender<()>>>,
+    prealloc_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -394,6 +400,16 @@ impl Journal {
             outcome.unused,
             cfg.spare_files_max,
         )?;
+        // Pre-filled files left by a previous run may be incomplete.
+        for p in fs
+            .read_dir(&current)
+            .map_err(|e| file::io_err("list", &current, e))?
+            .into_iter()
+            .filter(|p| file::is_prealloc(p))
+        {
+            fs.remove_file(&p)
+                .map_err(|e| file::io_err("remove", &p, e))?;
+        }
         let (prev_seq, prev_end) = outcome.last.unwrap_or((0, 0));
         let header = record::FileHeader {
             file_seq: outcome.next_seq,
@@ -417,10 +433,15 @@ impl Journal {
                 offset: mark.1,
             }),
             pool: Mutex::new(pool),
+            prealloc_seq: AtomicU64::new(0),
             cfg,
         });
+        // One file ready before the first rotation; later ones in background.
+        prealloc::top_up(&shared)?;
+        let (wake, woken) = mpsc::sync_channel(1);
+        let prealloc_thread = prealloc::spawn(shared.clone(), woken)?;
         let (tx, rx) = mpsc::sync_channel(shared.cfg.queue_records_max.max(1));
-        let w = writer::Writer::new(shared.clone(), rx, first, outcome.next_seq);
+        let w = writer::Writer::new(shared.clone(), rx, first, outcome.next_seq, wake.clone());
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || w.run())
@@ -431,6 +452,8 @@ impl Journal {
                 tx,
                 closed: AtomicBool::new(false),
                 thread: Mutex::new(Some(thread)),
+                prealloc_wake: Mutex::new(Some(wake)),
+                prealloc_thread: Mutex::new(Some(prealloc_thread)),
             }),
         })
     }
@@ -550,6 +573,13 @@ impl Inner {
         {
             self.shared
                 .fail(JournalError::Io("journal writer thread panicked".into()));
+        }
+        // The writer is gone with its sender; dropping ours stops the preallocator.
+        lock(&self.prealloc_wake).take();
+        if let Some(t) = lock(&self.prealloc_thread).take()
+            && t.join().is_err()
+        {
+            tracing::warn!("journal preallocator thread panicked");
         }
         if self.shared.failed.load(Ordering::SeqCst) {
             return Err(self.shared.terminal_error());

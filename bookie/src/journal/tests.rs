@@ -314,6 +314,8 @@ async fn journal_with_lone_appends(dir: &Path, n: i64) -> (PathBuf, Vec<u8>, u64
 fn small_cfg(dir: &Path) -> JournalConfig {
     JournalConfig {
         file_bytes: 16 * 1024,
+        // No pre-filled spare: fewer syncs per open in the many-opens tests.
+        spare_files_max: 0,
         ..JournalConfig::new(dir.to_path_buf())
     }
 }
@@ -666,4 +668,31 @@ fn metrics_register_once_per_registry() {
     m.fsync_seconds.observe(0.001);
     assert_eq!(reg.gather().len(), 4);
     assert!(JournalMetrics::new(&reg).is_err());
+}
+
+#[tokio::test]
+async fn rotation_uses_the_file_pre_filled_at_open_and_leftovers_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("current");
+    std::fs::create_dir_all(&current).unwrap();
+    let leftover = file::prealloc_path(&current, 0xff);
+    std::fs::write(&leftover, b"half-filled").unwrap();
+    let c = JournalConfig {
+        file_bytes: 4096,
+        ..JournalConfig::new(dir.path().to_path_buf())
+    };
+    let (j, _) = open_with(Arc::new(FaultyFs::new()), c).unwrap();
+    assert!(
+        !leftover.exists(),
+        "an incomplete pre-filled file is removed"
+    );
+    let ready = file::prealloc_path(&current, 0);
+    assert_eq!(std::fs::metadata(&ready).unwrap().len(), 4096);
+    for i in 0..8 {
+        j.append(entry(i)).await.unwrap();
+    }
+    assert_eq!(j.synced_mark().file_seq, 2, "rotated once");
+    assert!(!ready.exists(), "the rotation renamed the pre-filled file");
+    assert_eq!(journal_files(dir.path()).len(), 2);
+    j.close().unwrap();
 }

@@ -11,7 +11,7 @@
 //! appends then fail too). Nothing is retried.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -45,6 +45,8 @@ pub(crate) struct Writer {
     group_started: Instant,
     /// Last successful sync (relaxed mode's timer).
     last_sync: Instant,
+    /// Wakes the preallocator after a rotation.
+    prealloc_wake: SyncSender<()>,
 }
 
 impl Writer {
@@ -53,6 +55,7 @@ impl Writer {
         rx: Receiver<Msg>,
         file: Arc<dyn FsFile>,
         seq: u64,
+        prealloc_wake: SyncSender<()>,
     ) -> Self {
         let cap = shared.cfg.group_commit_bytes_max.min(16 * 1024 * 1024);
         Self {
@@ -67,6 +70,7 @@ impl Writer {
             waiters: Vec::new(),
             group_started: Instant::now(),
             last_sync: Instant::now(),
+            prealloc_wake,
         }
     }
 
@@ -235,6 +239,8 @@ impl Writer {
             elapsed_us = started.elapsed().as_micros() as u64,
             "journal rotated"
         );
+        // Full means a wake-up is already pending.
+        let _ = self.prealloc_wake.try_send(());
         self.file = f;
         self.seq = header.file_seq;
         self.write_pos = FILE_HEADER_BYTES;
