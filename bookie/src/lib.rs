@@ -9,6 +9,7 @@
 pub mod client;
 pub mod entry;
 pub mod fs;
+pub mod journal;
 pub mod metadata;
 pub mod proto;
 pub mod storage;

@@ -15,15 +15,18 @@
 //! - an error from `sync_data` means the unsynced data may be lost: callers treat
 //!   it as fatal for that data and never retry and trust (STYLE §7).
 //!
-//! [`RealFs`] is the production implementation over `std::fs`.
+//! [`RealFs`] is the production implementation over `std::fs`; [`FaultyFs`]
+//! wraps it to lose unsynced writes on a simulated power cut or fail a sync.
 
 use std::fmt::Debug;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod faulty;
 mod real;
 
+pub use faulty::FaultyFs;
 pub use real::RealFs;
 
 /// How to open a file.

@@ -1,0 +1,595 @@
+//! The bookie journal: the write-ahead log every add, fence, explicit LAC,
+//! master key and limbo mark goes through before it is acknowledged
+//! (DESIGN §5, reference/bookkeeper.md §3.2–3.3).
+//!
+//! Promises:
+//! - **Durable before ack.** Under [`SyncPolicy::FsyncBeforeAck`] (the default)
+//!   the future of [`Journal::append`] resolves `Ok` only after `fdatasync`
+//!   of the group holding the record returned `Ok` (DESIGN §4.1).
+//! - **Group commit without a fixed wait.** One writer thread takes everything
+//!   queued and flushes (write + `fdatasync`) when the queue drains, when the
+//!   group's first record has waited `group_commit_delay_us_max`, or when the
+//!   group reaches `group_commit_bytes_max`; a lone append is synced at once.
+//! - **An fsync error is fatal.** Nothing in that group is acknowledged, every
+//!   later append fails, [`Journal::is_failed`] turns true; never retried
+//!   (STYLE §7, RELIABILITY P0-10).
+//! - **Replay finds exactly the durable prefix.** Records are CRC32C'd and
+//!   stamped with their file's generation and the offset already synced; a torn
+//!   tail is cut, a damaged record that a later record says was synced is
+//!   [`JournalError::Corrupt`] and the journal refuses to open (P0-8); nothing is
+//!   ever truncated, the writer always continues in a new or recycled file.
+//! - **Bounded.** The append queue (`queue_records_max`), a group
+//!   (`group_commit_bytes_max`, or one record), a record
+//!   ([`RECORD_DATA_BYTES_MAX`]), files (`file_bytes`, `spare_files_max`).
+//!
+//! Layout: `record` (formats), `file` (files, checkpoint, spares),
+//! `writer` (the writer thread), `replay` (recovery).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), cms_bookie::journal::JournalError> {
+//! use std::sync::Arc;
+//! use cms_bookie::fs::RealFs;
+//! use cms_bookie::journal::{Journal, JournalConfig, JournalMetrics, JournalRecord};
+//!
+//! let cfg = JournalConfig::new("/data/journal".into());
+//! let journal = Journal::open(Arc::new(RealFs), cfg, JournalMetrics::unregistered(), &mut |rec| {
+//!     // re-apply `rec` to ledger storage
+//!     Ok(())
+//! })?;
+//! journal
+//!     .append(JournalRecord::Fence { ledger_id: 7 })
+//!     .await?; // durable now
+//! let mark = journal.synced_mark();
+//! // ... flush ledger storage ...
+//! journal.checkpoint_complete(mark)?;
+//! journal.close()?;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use bytes::Bytes;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use tokio::sync::oneshot;
+
+use crate::fs::SharedFs;
+
+mod file;
+mod prealloc;
+mod record;
+mod replay;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+pub use record::RECORD_DATA_BYTES_MAX;
+
+/// When an append is acknowledged relative to `fdatasync` (STYLE §7).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncPolicy {
+    /// Default: an append completes only after fdatasync of the group holding it.
+    #[default]
+    FsyncBeforeAck,
+    /// Relaxed, opt-in: an append completes after write(); fdatasync every
+    /// `relaxed_sync_interval_ms`. A power cut loses acknowledged records.
+    RelaxedAckBeforeFsync,
+}
+
+/// Journal settings.
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    /// Journal directory; files live in `<dir>/current/`.
+    pub dir: PathBuf,
+    /// Size of each preallocated, zero-filled file (default 64 MiB).
+    pub file_bytes: u64,
+    /// A group is flushed once its first record has waited this long in it
+    /// (default 500 µs); it is flushed earlier when the queue drains.
+    pub group_commit_delay_us_max: u64,
+    /// A group is flushed once it holds this many bytes (default 512 KiB).
+    pub group_commit_bytes_max: usize,
+    /// Bound of the append queue, in records (default 10,000).
+    pub queue_records_max: usize,
+    /// When appends are acknowledged (default fsync before ack).
+    pub sync_policy: SyncPolicy,
+    /// Sync period under [`SyncPolicy::RelaxedAckBeforeFsync`] (default 100 ms).
+    pub relaxed_sync_interval_ms: u64,
+    /// Recycled files kept ready for reuse (default 2); older ones are removed.
+    pub spare_files_max: usize,
+}
+
+impl JournalConfig {
+    /// The defaults, with files in `<dir>/current/`.
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            file_bytes: 64 * 1024 * 1024,
+            group_commit_delay_us_max: 500,
+            group_commit_bytes_max: 512 * 1024,
+            queue_records_max: 10_000,
+            sync_policy: SyncPolicy::FsyncBeforeAck,
+            relaxed_sync_interval_ms: 100,
+            spare_files_max: 2,
+        }
+    }
+}
+
+/// One journalled change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JournalRecord {
+    /// An entry added to a ledger (the stored entry bytes).
+    Entry {
+        /// The ledger.
+        ledger_id: u64,
+        /// The entry id.
+        entry_id: i64,
+        /// The entry as stored.
+        data: Bytes,
+    },
+    /// The master key of a ledger, journalled with its first add.
+    MasterKey {
+        /// The ledger.
+        ledger_id: u64,
+        /// Its master key.
+        master_key: Bytes,
+    },
+    /// The ledger was fenced (journalled before the fence is reported).
+    Fence {
+        /// The ledger.
+        ledger_id: u64,
+    },
+    /// An explicit LAC written by the ledger's writer.
+    ExplicitLac {
+        /// The ledger.
+        ledger_id: u64,
+        /// The last add confirmed.
+        lac: i64,
+        /// The LAC message as received.
+        data: Bytes,
+    },
+    /// The ledger entered or left limbo (DESIGN §4.3).
+    Limbo {
+        /// The ledger.
+        ledger_id: u64,
+        /// Whether it is now in limbo.
+        in_limbo: bool,
+    },
+}
+
+/// A position in the journal: byte `offset` of file `file_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JournalMark {
+    /// The journal file's sequence number.
+    pub file_seq: u64,
+    /// Byte offset in that file.
+    pub offset: u64,
+}
+
+/// Why a journal operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    /// A file operation failed (the message names the file); fatal for the
+    /// writer when it happens while writing.
+    #[error("journal I/O error: {0}")]
+    Io(String),
+    /// `fdatasync` failed: the group is not durable and the journal accepts no
+    /// more writes.
+    #[error("journal fdatasync failed, the journal accepts no more writes: {0}")]
+    SyncFailed(String),
+    /// The journal holds a damaged record that was once durable: refuse to start.
+    #[error("journal corrupt: {file} at offset {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        file: String,
+        /// Byte offset of the damage.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The append queue is at `queue_records_max`.
+    #[error("journal queue is full")]
+    QueueFull,
+    /// The journal was closed.
+    #[error("journal is closed")]
+    Closed,
+    /// The record's data (bytes) exceeds [`RECORD_DATA_BYTES_MAX`] or a file.
+    #[error("journal record of {0} data bytes is too large")]
+    TooLarge(usize),
+}
+
+/// Prometheus metrics of one journal.
+#[derive(Debug, Clone)]
+pub struct JournalMetrics {
+    /// Time of each `fdatasync`, seconds.
+    fsync_seconds: Histogram,
+    /// Records per flushed group.
+    group_records: Histogram,
+    /// Bytes written (padding included).
+    written_bytes: IntCounter,
+    /// Records waiting in the append queue.
+    queue_records: IntGauge,
+}
+
+impl JournalMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = Self::build()?;
+        registry.register(Box::new(m.fsync_seconds.clone()))?;
+        registry.register(Box::new(m.group_records.clone()))?;
+        registry.register(Box::new(m.written_bytes.clone()))?;
+        registry.register(Box::new(m.queue_records.clone()))?;
+        Ok(m)
+    }
+
+    /// Metrics registered nowhere (tests, tools).
+    pub fn unregistered() -> Self {
+        #[allow(
+            clippy::expect_used,
+            reason = "the metric names, help texts and buckets are constants known to be valid"
+        )]
+        Self::build().expect("constant metric options are valid")
+    }
+
+    fn build() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            fsync_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "cms_journal_fsync_seconds",
+                    "Time of each journal fdatasync",
+                )
+                .buckets(prometheus::exponential_buckets(50e-6, 2.0, 16)?),
+            )?,
+            group_records: Histogram::with_opts(
+                HistogramOpts::new(
+                    "cms_journal_group_records",
+                    "Records per journal group commit",
+                )
+                .buckets(prometheus::exponential_buckets(1.0, 2.0, 14)?),
+            )?,
+            written_bytes: IntCounter::new(
+                "cms_journal_written_bytes_total",
+                "Bytes written to journal files",
+            )?,
+            queue_records: IntGauge::new(
+                "cms_journal_queue_records",
+                "Records waiting in the journal append queue",
+            )?,
+        })
+    }
+}
+
+/// State shared by the handles and the writer thread.
+#[derive(Debug)]
+struct Shared {
+    fs: SharedFs,
+    /// `<dir>/current`.
+    current: PathBuf,
+    cfg: JournalConfig,
+    metrics: JournalMetrics,
+    /// Set on the first fatal writer error.
+    failed: AtomicBool,
+    /// The error every append gets once `failed`.
+    failure: OnceLock<JournalError>,
+    /// Everything before it is durable.
+    synced: Mutex<JournalMark>,
+    /// The persisted checkpoint mark.
+    checkpoint: Mutex<JournalMark>,
+    /// Files ready for reuse.
+    pool: Mutex<file::SparePool>,
+    /// Number of the next pre-filled file.
+    prealloc_seq: AtomicU64,
+}
+
+impl Shared {
+    /// The error an append gets when the writer is gone.
+    fn terminal_error(&self) -> JournalError {
+        match self.failure.get() {
+            Some(e) if self.failed.load(Ordering::SeqCst) => e.clone(),
+            _ => JournalError::Closed,
+        }
+    }
+
+    /// Records a fatal error: no more writes.
+    fn fail(&self, e: JournalError) {
+        let _ = self.failure.set(e.clone());
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(error = %e, "journal failed: the bookie must stop accepting writes");
+        }
+    }
+
+    fn set_synced(&self, mark: JournalMark) {
+        *lock(&self.synced) = mark;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the writer thread is sent.
+enum Msg {
+    /// Journal `rec` and report on `done`.
+    Append {
+        rec: JournalRecord,
+        done: oneshot::Sender<Result<(), JournalError>>,
+    },
+    /// Flush what came before, sync, and stop.
+    Close,
+}
+
+/// The journal: `Send + Sync`, cheap to clone (all clones share one writer).
+#[derive(Debug, Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    tx: SyncSender<Msg>,
+    closed: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Wakes the preallocator; dropped (with the writer's) to stop it.
+    prealloc_wake: Mutex<Option<SyncSender<()>>>,
+    prealloc_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Msg::Append { rec, .. } => f.debug_struct("Append").field("rec", rec).finish(),
+            Msg::Close => f.write_str("Close"),
+        }
+    }
+}
+
+impl Journal {
+    /// Replays, in order, every record after the persisted checkpoint mark (cutting a torn tail, refusing
+    /// corruption with JournalError::Corrupt), then starts the writer thread. `replay` may return Err to abort.
+    pub fn open(
+        fs: SharedFs,
+        cfg: JournalConfig,
+        metrics: JournalMetrics,
+        replay: &mut dyn FnMut(JournalRecord) -> Result<(), String>,
+    ) -> Result<Journal, JournalError> {
+        let min_file_bytes = record::FILE_HEADER_BYTES + 2 * record::ALIGN_BYTES;
+        if cfg.file_bytes < min_file_bytes {
+            return Err(JournalError::Io(format!(
+                "journal file_bytes {} is below the minimum {min_file_bytes}",
+                cfg.file_bytes
+            )));
+        }
+        let current = cfg.dir.join("current");
+        fs.create_dir_all(&current)
+            .map_err(|e| file::io_err("create dir", &current, e))?;
+        fs.sync_dir(&cfg.dir)
+            .map_err(|e| file::io_err("sync dir", &cfg.dir, e))?;
+        let started = Instant::now();
+        let mark = file::read_checkpoint(&fs, &current)?.unwrap_or((0, 0));
+        let outcome = replay::replay(&fs, &current, mark, replay)?;
+        tracing::info!(
+            dir = %cfg.dir.display(),
+            records = outcome.records,
+            checkpoint_file = mark.0,
+            checkpoint_offset = mark.1,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "journal replayed"
+        );
+        let mut pool = file::SparePool::default();
+        file::recycle(
+            &fs,
+            &current,
+            &mut pool,
+            outcome.unused,
+            cfg.spare_files_max,
+        )?;
+        // Pre-filled files left by a previous run may be incomplete.
+        for p in fs
+            .read_dir(&current)
+            .map_err(|e| file::io_err("list", &current, e))?
+            .into_iter()
+            .filter(|p| file::is_prealloc(p))
+        {
+            fs.remove_file(&p)
+                .map_err(|e| file::io_err("remove", &p, e))?;
+        }
+        let (prev_seq, prev_end) = outcome.last.unwrap_or((0, 0));
+        let header = record::FileHeader {
+            file_seq: outcome.next_seq,
+            prev_seq,
+            prev_end,
+        };
+        let first = file::start_file(&fs, &current, &mut pool, header, cfg.file_bytes)?;
+        let synced = JournalMark {
+            file_seq: outcome.next_seq,
+            offset: record::FILE_HEADER_BYTES,
+        };
+        let shared = Arc::new(Shared {
+            fs,
+            current,
+            metrics,
+            failed: AtomicBool::new(false),
+            failure: OnceLock::new(),
+            synced: Mutex::new(synced),
+            checkpoint: Mutex::new(JournalMark {
+                file_seq: mark.0,
+                offset: mark.1,
+            }),
+            pool: Mutex::new(pool),
+            prealloc_seq: AtomicU64::new(0),
+            cfg,
+        });
+        // One file ready before the first rotation; later ones in background.
+        prealloc::top_up(&shared)?;
+        let (wake, woken) = mpsc::sync_channel(1);
+        let prealloc_thread = prealloc::spawn(shared.clone(), woken)?;
+        let (tx, rx) = mpsc::sync_channel(shared.cfg.queue_records_max.max(1));
+        let w = writer::Writer::new(shared.clone(), rx, first, outcome.next_seq, wake.clone());
+        let thread = std::thread::Builder::new()
+            .name("journal-writer".into())
+            .spawn(move || w.run())
+            .map_err(|e| JournalError::Io(format!("spawn journal writer: {e}")))?;
+        Ok(Journal {
+            inner: Arc::new(Inner {
+                shared,
+                tx,
+                closed: AtomicBool::new(false),
+                thread: Mutex::new(Some(thread)),
+                prealloc_wake: Mutex::new(Some(wake)),
+                prealloc_thread: Mutex::new(Some(prealloc_thread)),
+            }),
+        })
+    }
+
+    /// Queues a record; resolves once it is durable (per the sync policy). QueueFull if the queue is at its bound
+    /// (never blocks the caller), SyncFailed if the group's fdatasync failed (and every later append fails too).
+    pub fn append(
+        &self,
+        rec: JournalRecord,
+    ) -> impl Future<Output = Result<(), JournalError>> + Send + 'static {
+        let queued = self.enqueue(rec);
+        let shared = self.inner.shared.clone();
+        async move {
+            let rx = queued?;
+            match rx.await {
+                Ok(r) => r,
+                Err(_) => Err(shared.terminal_error()),
+            }
+        }
+    }
+
+    /// Puts `rec` on the queue (synchronously, so appends keep call order).
+    fn enqueue(
+        &self,
+        rec: JournalRecord,
+    ) -> Result<oneshot::Receiver<Result<(), JournalError>>, JournalError> {
+        let shared = &self.inner.shared;
+        if shared.failed.load(Ordering::SeqCst) {
+            return Err(shared.terminal_error());
+        }
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(JournalError::Closed);
+        }
+        let data = record::data_len(&rec);
+        let fits_file = record::align_up(record::record_len(&rec) as u64)
+            <= shared.cfg.file_bytes - record::FILE_HEADER_BYTES;
+        if data > RECORD_DATA_BYTES_MAX || !fits_file {
+            return Err(JournalError::TooLarge(data));
+        }
+        let (done, rx) = oneshot::channel();
+        shared.metrics.queue_records.inc();
+        match self.inner.tx.try_send(Msg::Append { rec, done }) {
+            Ok(()) => Ok(rx),
+            Err(TrySendError::Full(_)) => {
+                shared.metrics.queue_records.dec();
+                Err(JournalError::QueueFull)
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                shared.metrics.queue_records.dec();
+                Err(shared.terminal_error())
+            }
+        }
+    }
+
+    /// Every record appended before this mark is durable (fsync-before-ack) — used as the checkpoint mark.
+    pub fn synced_mark(&self) -> JournalMark {
+        *lock(&self.inner.shared.synced)
+    }
+
+    /// Ledger storage has been flushed up to `mark`: persist it (a small CRC'd file, written + fsynced + renamed,
+    /// dir synced) so replay starts there, and recycle files wholly before it. The mark never moves backwards.
+    pub fn checkpoint_complete(&self, mark: JournalMark) -> Result<(), JournalError> {
+        let shared = &self.inner.shared;
+        let mut persisted = lock(&shared.checkpoint);
+        let synced = self.synced_mark();
+        let mark = if mark > synced {
+            tracing::warn!(
+                file_seq = mark.file_seq,
+                offset = mark.offset,
+                "checkpoint mark beyond the synced mark: clamped"
+            );
+            synced
+        } else {
+            mark
+        };
+        if mark <= *persisted {
+            return Ok(());
+        }
+        file::write_checkpoint(&shared.fs, &shared.current, mark.file_seq, mark.offset)?;
+        *persisted = mark;
+        // Hold the pool while listing, so no spare is half-renamed by the writer.
+        let mut pool = lock(&shared.pool);
+        let old: Vec<PathBuf> = file::list_files(&shared.fs, &shared.current)?
+            .into_iter()
+            .filter(|(seq, _)| *seq < mark.file_seq)
+            .map(|(_, p)| p)
+            .collect();
+        file::recycle(
+            &shared.fs,
+            &shared.current,
+            &mut pool,
+            old,
+            shared.cfg.spare_files_max,
+        )
+    }
+
+    /// True after an fdatasync error: the bookie must stop accepting writes.
+    pub fn is_failed(&self) -> bool {
+        self.inner.shared.failed.load(Ordering::SeqCst)
+    }
+
+    /// Drains the queue, syncs, stops the writer thread. Idempotent.
+    pub fn close(&self) -> Result<(), JournalError> {
+        self.inner.close()
+    }
+}
+
+impl Inner {
+    fn close(&self) -> Result<(), JournalError> {
+        let mut thread = lock(&self.thread);
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            // Blocks only while the queue is full; fails if the writer is gone.
+            let _ = self.tx.send(Msg::Close);
+        }
+        if let Some(t) = thread.take()
+            && t.join().is_err()
+        {
+            self.shared
+                .fail(JournalError::Io("journal writer thread panicked".into()));
+        }
+        // The writer is gone with its sender; dropping ours stops the preallocator.
+        lock(&self.prealloc_wake).take();
+        if let Some(t) = lock(&self.prealloc_thread).take()
+            && t.join().is_err()
+        {
+            tracing::warn!("journal preallocator thread panicked");
+        }
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(self.shared.terminal_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
