@@ -8,6 +8,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (edition 2024 makes set_var unsafe; we pass the path explicitly instead.)
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
+    // Entry bodies and keys of the bookie protocol are `Bytes`: no copy from
+    // the wire into storage and back.
+    config.bytes([".cms.bookie"]);
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -6,10 +6,12 @@
 //! engine, bookie server and ledger client come next (see `ARCHITECTURE.md`).
 //! This crate knows nothing of topics or Pulsar.
 
+pub mod bookie_client;
 pub mod client;
 pub mod entry;
 pub mod fs;
 pub mod journal;
 pub mod metadata;
 pub mod proto;
+pub mod server;
 pub mod storage;

@@ -1,5 +1,6 @@
-//! `cms-bookie` binary: `init-cluster` today; `serve` and `autorecovery` say
-//! they are not built yet and exit non-zero.
+//! `cms-bookie` binary: `init-cluster`, `serve` (the bookie server), `format`
+//! (start a new incarnation); `autorecovery` says it is not built yet and
+//! exits non-zero.
 
 use std::process::ExitCode;
 
@@ -8,6 +9,8 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use cms_bookie::metadata::connect::{MetadataUrl, connect};
 use cms_bookie::metadata::layout::{InitOutcome, Layout, init_cluster};
 use cms_bookie::metadata::zk::ZkOptions;
+use cms_bookie::server::BookieConfig;
+use cms_bookie::server::cookie::{BookieDirs, format};
 use cms_common::config::{ConfigError, exit_config_error, to_toml};
 use cms_common::{ConfigFileArgs, LogArgs, init_logging, load_config_or_exit};
 use serde::{Deserialize, Serialize};
@@ -34,8 +37,24 @@ enum Command {
         #[command(flatten)]
         config: InitClusterConfig,
     },
-    /// Run a bookie server (not built yet).
-    Serve,
+    /// Run a bookie server.
+    Serve {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: Box<BookieConfig>,
+    },
+    /// Start a new incarnation of a bookie: delete its data, bump the
+    /// incarnation in its cookies. Run it only while the bookie is stopped.
+    Format {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: Box<BookieConfig>,
+        /// Required: say yes to deleting the bookie's data.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Run autorecovery alone (not built yet).
     Autorecovery,
 }
@@ -88,15 +107,20 @@ fn main() -> ExitCode {
             let sub = sub.unwrap_or(&matches);
             run(run_init_cluster(sub, &file))
         }
-        Command::Serve => not_built("serve", "the bookie server (storage engine, gRPC protocol)"),
+        Command::Serve { file, .. } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_serve(sub, &file))
+        }
+        Command::Format { file, yes, .. } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_format(sub, &file, yes))
+        }
         Command::Autorecovery => not_built("autorecovery", "autorecovery"),
     }
 }
 
 fn not_built(command: &str, what: &str) -> ExitCode {
-    eprintln!(
-        "cms-bookie {command}: {what} is not built yet; only `cms-bookie init-cluster` works so far"
-    );
+    eprintln!("cms-bookie {command}: {what} is not built yet");
     ExitCode::from(1)
 }
 
@@ -169,5 +193,84 @@ async fn run_init_cluster(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
             }
         ),
     }
+    Ok(())
+}
+
+fn load_bookie_config(matches: &ArgMatches, file: &ConfigFileArgs) -> Option<BookieConfig> {
+    let config: BookieConfig = load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
+    if let Err(e) = config.validate() {
+        exit_config_error(&ConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
+        });
+    }
+    if file.print_config {
+        print!("{}", to_toml(&config));
+        return None;
+    }
+    Some(config)
+}
+
+async fn run_serve(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow::Result<()> {
+    let Some(config) = load_bookie_config(matches, file) else {
+        return Ok(());
+    };
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        }
+    };
+    cms_bookie::server::run(config, shutdown)
+        .await
+        .context("bookie")
+}
+
+async fn run_format(matches: &ArgMatches, file: &ConfigFileArgs, yes: bool) -> anyhow::Result<()> {
+    let Some(config) = load_bookie_config(matches, file) else {
+        return Ok(());
+    };
+    if !yes {
+        anyhow::bail!(
+            "format deletes all data of this bookie and starts a new incarnation; \
+             pass --yes to confirm"
+        );
+    }
+    let url: MetadataUrl = config
+        .metadata_url
+        .parse()
+        .map_err(|reason: String| anyhow::anyhow!("metadata_url: {reason}"))?;
+    let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
+    let opts = ZkOptions {
+        session_timeout_ms: config.metadata_session_timeout_ms,
+        connect_timeout_ms: config.metadata_operation_timeout_ms,
+        operation_timeout_ms: config.metadata_operation_timeout_ms,
+    };
+    if config.bookie_id.is_empty() {
+        anyhow::bail!("format needs --bookie-id (the id is not derived from an address here)");
+    }
+    let store = connect(&url, &opts)
+        .await
+        .with_context(|| format!("connecting to the metadata store {url}"))?;
+    let dirs = BookieDirs {
+        journal_dir: config.journal_dir_abs(),
+        ledger_dirs: vec![config.ledger_dir_abs()],
+    };
+    let result = format(store.as_ref(), &layout, &config.bookie_id, &dirs).await;
+    store.close().await;
+    let cookie = result.context("formatting")?;
+    println!(
+        "bookie {} formatted: incarnation {} (its ledgers go into limbo at the next start)",
+        cookie.bookie_id, cookie.incarnation
+    );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `cms-tests`: the harness every CMS system test stands on. Being built.
 
 pub mod chaos;
+pub mod cluster;
 pub mod conformance;
 pub mod harness;
 pub mod history;

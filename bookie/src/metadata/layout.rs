@@ -68,6 +68,38 @@ impl Layout {
     pub fn ledger_idgen(&self) -> String {
         self.at("ledgers/idgen")
     }
+    /// `<root>/ledgers/<hierarchical id>`: the metadata node of ledger `id`.
+    ///
+    /// The id's 20 decimal digits are split 4/4/4/4/4 with the last level
+    /// prefixed by `L` (`/cms/ledgers/0000/0000/0000/0001/L2345`), so no level
+    /// has more than 10,000 children and a million ledgers never make one huge
+    /// listing (ZooKeeper replies are limited to 1 MB).
+    pub fn ledger(&self, id: u64) -> String {
+        let d = format!("{id:020}");
+        format!(
+            "{}/{}/{}/{}/{}/L{}",
+            self.ledgers(),
+            &d[0..4],
+            &d[4..8],
+            &d[8..12],
+            &d[12..16],
+            &d[16..20]
+        )
+    }
+    /// The ledger id of a path made by [`Layout::ledger`], None for any other path.
+    pub fn ledger_id_of(&self, path: &str) -> Option<u64> {
+        let rest = path.strip_prefix(&self.ledgers())?.strip_prefix('/')?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        if parts.len() != 5 || !parts[..4].iter().all(|p| p.len() == 4) {
+            return None;
+        }
+        let last = parts[4].strip_prefix('L').filter(|l| l.len() == 4)?;
+        let digits: String = parts[..4].concat() + last;
+        if !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
     /// `<root>/bookies/available`: ephemeral registrations of writable bookies.
     pub fn bookies_available(&self) -> String {
         self.at("bookies/available")
@@ -404,5 +436,23 @@ mod tests {
             decode_cluster("/cms/cluster", &newer.encode_to_vec()),
             Err(LayoutError::BadClusterNode { .. })
         ));
+    }
+
+    #[test]
+    fn ledger_paths_are_hierarchical_and_reversible() {
+        let layout = Layout::new("/cms").unwrap();
+        assert_eq!(
+            layout.ledger(12345),
+            "/cms/ledgers/0000/0000/0000/0001/L2345"
+        );
+        for id in [0, 1, 9_999, 10_000, 123_456_789, u64::MAX] {
+            assert_eq!(layout.ledger_id_of(&layout.ledger(id)), Some(id), "{id}");
+            assert_eq!(validate_path(&layout.ledger(id)), Ok(()));
+        }
+        assert_eq!(layout.ledger_id_of("/cms/ledgers/idgen"), None);
+        assert_eq!(
+            layout.ledger_id_of("/cms/ledgers/0000/0000/0000/0001/X2345"),
+            None
+        );
     }
 }

@@ -1,0 +1,301 @@
+//! Configuration of `cms-bookie serve`: one struct that is at once the clap
+//! flags (with defaults and units in `--help`), the TOML keys and the
+//! `CMS_BOOKIE_*` environment keys (see `cms_common::config`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::journal::{JournalConfig, SyncPolicy};
+use crate::storage::StorageConfig;
+
+use super::core::{CoreLimits, ENTRY_BYTES_MAX_DEFAULT};
+use super::grpc::GrpcLimits;
+
+/// Options of `cms-bookie serve`.
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BookieConfig {
+    /// Metadata store URL: `zk://host:port[,host:port...][/chroot]` or
+    /// `file:///abs/path/metadata.redb` (embedded, one process only).
+    #[arg(long, default_value = "zk://127.0.0.1:2181")]
+    pub metadata_url: String,
+    /// Root node of the CMS layout inside the store.
+    #[arg(long, default_value = "/cms")]
+    pub metadata_root: String,
+    /// ZooKeeper session timeout, in milliseconds.
+    #[arg(long, default_value_t = 6000)]
+    pub metadata_session_timeout_ms: u64,
+    /// Timeout of one metadata operation and of connecting, in milliseconds.
+    #[arg(long, default_value_t = 10000)]
+    pub metadata_operation_timeout_ms: u64,
+
+    /// Stable id of this bookie (not its address); empty = `<advertised host>-<gRPC port>`.
+    #[arg(long, default_value = "")]
+    pub bookie_id: String,
+    /// Rack or zone, for placement across failure domains; empty = none.
+    #[arg(long, default_value = "")]
+    pub rack: String,
+    /// gRPC listen address (bookie protocol).
+    #[arg(long, default_value = "0.0.0.0:3181")]
+    pub grpc_bind: String,
+    /// HTTP listen address (`/health`, `/ready`, `/metrics`).
+    #[arg(long, default_value = "0.0.0.0:8000")]
+    pub http_bind: String,
+    /// Host clients use to reach this bookie; empty = the bind host (127.0.0.1 for 0.0.0.0).
+    #[arg(long, default_value = "")]
+    pub advertised_host: String,
+
+    /// Journal directory (write-ahead log).
+    #[arg(long, default_value = "data/bookie/journal")]
+    pub journal_dir: PathBuf,
+    /// Ledger directory (entry logs and index).
+    #[arg(long, default_value = "data/bookie/ledgers")]
+    pub ledger_dir: PathBuf,
+
+    /// When an add is acknowledged: `fsync-before-ack` (default, durable) or
+    /// `relaxed-ack-before-fsync` (opt-in: a power loss can lose acked entries).
+    #[arg(long, value_enum, default_value_t = SyncPolicy::FsyncBeforeAck)]
+    pub sync_policy: SyncPolicy,
+    /// fdatasync period under `relaxed-ack-before-fsync`, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub relaxed_sync_interval_ms: u64,
+    /// Size of each preallocated, zero-filled journal file, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub journal_file_bytes: u64,
+    /// Longest an add waits for its group to fill before the group is synced, in µs.
+    #[arg(long, default_value_t = 500)]
+    pub group_commit_delay_us_max: u64,
+    /// A group is synced once it holds this many bytes.
+    #[arg(long, default_value_t = 512 * 1024)]
+    pub group_commit_bytes_max: usize,
+    /// Records queued for the journal before adds get TOO_MANY_REQUESTS.
+    #[arg(long, default_value_t = 10_000)]
+    pub journal_queue_records_max: usize,
+
+    /// Entry-log roll size, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    pub entry_log_bytes_max: u64,
+    /// Write cache (two halves), in bytes.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub write_cache_bytes_max: usize,
+    /// Read cache, in bytes.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub read_cache_bytes_max: usize,
+    /// Entries read ahead after a cache miss.
+    #[arg(long, default_value_t = 100)]
+    pub read_ahead_entries_max: usize,
+    /// Checkpoint period (write cache flushed, journal trimmed), in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub checkpoint_interval_ms: u64,
+
+    /// Disk use (fraction) above which the bookie turns read-only.
+    #[arg(long, default_value_t = 0.95)]
+    pub disk_usage_threshold: f64,
+    /// Disk use (fraction) below which a read-only bookie turns writable again.
+    #[arg(long, default_value_t = 0.90)]
+    pub disk_usage_lwm: f64,
+    /// Disk check period, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub disk_check_interval_ms: u64,
+
+    /// Garbage-collection period, in milliseconds.
+    #[arg(long, default_value_t = 600_000)]
+    pub gc_interval_ms: u64,
+    /// A ledger's data is deleted only after its metadata has been seen absent
+    /// for this long, in milliseconds.
+    #[arg(long, default_value_t = 3_600_000)]
+    pub gc_grace_ms: u64,
+    /// Entry logs whose live fraction is below this are compacted.
+    #[arg(long, default_value_t = 0.5)]
+    pub compaction_threshold: f64,
+    /// Free space kept for compaction, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    pub reserved_bytes: u64,
+
+    /// Largest entry accepted, in bytes (a 5 MiB Pulsar message plus metadata).
+    #[arg(long, default_value_t = ENTRY_BYTES_MAX_DEFAULT)]
+    pub entry_bytes_max: usize,
+    /// Adds in flight on one add stream.
+    #[arg(long, default_value_t = 10_000)]
+    pub adds_in_flight_per_stream_max: usize,
+    /// Reads in flight over all connections.
+    #[arg(long, default_value_t = 64)]
+    pub reads_in_flight_max: usize,
+    /// Reads in flight for one fairness key (tenant).
+    #[arg(long, default_value_t = 16)]
+    pub reads_per_key_in_flight_max: usize,
+    /// Longest wait of a long-poll read, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub long_poll_ms_max: u64,
+    /// Deadline of one request (not of the add stream), in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+    /// Most bytes in one range-read response.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub read_range_bytes_max: usize,
+
+    /// TESTS ONLY: run storage on the fault-injecting file system and serve
+    /// `POST /test/power-cut` and `POST /test/fail-next-sync` on the HTTP port.
+    #[arg(long, default_value_t = false)]
+    pub fault_injection: bool,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config key `{key}`: {reason}")]
+pub struct InvalidConfig {
+    /// The key.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> InvalidConfig {
+    InvalidConfig {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+impl BookieConfig {
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        self.grpc_addr()?;
+        self.http_addr()?;
+        if !(0.0..=1.0).contains(&self.disk_usage_threshold) {
+            return Err(invalid("disk_usage_threshold", "must be within 0.0..=1.0"));
+        }
+        if self.disk_usage_lwm > self.disk_usage_threshold {
+            return Err(invalid(
+                "disk_usage_lwm",
+                "must not be above disk_usage_threshold",
+            ));
+        }
+        if self.journal_file_bytes < 64 * 1024 {
+            return Err(invalid("journal_file_bytes", "must be at least 65536"));
+        }
+        if self.entry_bytes_max == 0 || self.entry_bytes_max > 7 * 1024 * 1024 {
+            return Err(invalid(
+                "entry_bytes_max",
+                "must be within 1..=7340032 (tonic's message limit is 8 MiB)",
+            ));
+        }
+        if self.long_poll_ms_max >= self.request_timeout_ms {
+            return Err(invalid(
+                "long_poll_ms_max",
+                "must be below request_timeout_ms",
+            ));
+        }
+        if self.journal_dir == self.ledger_dir {
+            return Err(invalid("ledger_dir", "must differ from journal_dir"));
+        }
+        Ok(())
+    }
+
+    /// The gRPC listen address.
+    pub fn grpc_addr(&self) -> Result<SocketAddr, InvalidConfig> {
+        self.grpc_bind
+            .parse()
+            .map_err(|e| invalid("grpc_bind", format!("{:?}: {e}", self.grpc_bind)))
+    }
+
+    /// The HTTP listen address.
+    pub fn http_addr(&self) -> Result<SocketAddr, InvalidConfig> {
+        self.http_bind
+            .parse()
+            .map_err(|e| invalid("http_bind", format!("{:?}: {e}", self.http_bind)))
+    }
+
+    /// The host other processes use to reach this bookie.
+    pub fn advertised_host(&self, bound: SocketAddr) -> String {
+        if !self.advertised_host.is_empty() {
+            return self.advertised_host.clone();
+        }
+        if bound.ip().is_unspecified() {
+            "127.0.0.1".into()
+        } else {
+            bound.ip().to_string()
+        }
+    }
+
+    /// The bookie id: configured, or derived from the advertised gRPC address.
+    pub fn bookie_id(&self, advertised: &str, grpc_port: u16) -> String {
+        if self.bookie_id.is_empty() {
+            format!("{advertised}-{grpc_port}")
+        } else {
+            self.bookie_id.clone()
+        }
+    }
+
+    /// Absolute journal directory.
+    pub fn journal_dir_abs(&self) -> PathBuf {
+        absolute(&self.journal_dir)
+    }
+
+    /// Absolute ledger directory.
+    pub fn ledger_dir_abs(&self) -> PathBuf {
+        absolute(&self.ledger_dir)
+    }
+
+    /// The journal's configuration.
+    pub fn journal(&self) -> JournalConfig {
+        JournalConfig {
+            dir: self.journal_dir_abs(),
+            file_bytes: self.journal_file_bytes,
+            group_commit_delay_us_max: self.group_commit_delay_us_max,
+            group_commit_bytes_max: self.group_commit_bytes_max,
+            queue_records_max: self.journal_queue_records_max,
+            sync_policy: self.sync_policy,
+            relaxed_sync_interval_ms: self.relaxed_sync_interval_ms,
+            spare_files_max: 2,
+        }
+    }
+
+    /// Ledger storage's configuration.
+    pub fn storage(&self) -> StorageConfig {
+        StorageConfig {
+            ledger_dir: self.ledger_dir_abs(),
+            entry_log_bytes_max: self.entry_log_bytes_max,
+            write_cache_bytes_max: self.write_cache_bytes_max,
+            read_cache_bytes_max: self.read_cache_bytes_max,
+            read_ahead_entries_max: self.read_ahead_entries_max,
+            read_ahead_bytes_max: 4 * 1024 * 1024,
+            compaction_threshold: self.compaction_threshold,
+            reserved_bytes: self.reserved_bytes,
+        }
+    }
+
+    /// Request-path bounds.
+    pub fn core_limits(&self) -> CoreLimits {
+        CoreLimits {
+            entry_bytes_max: self.entry_bytes_max,
+            read_range_entries_max: 1_000,
+            read_range_bytes_max: self.read_range_bytes_max,
+            long_poll_ms_max: self.long_poll_ms_max,
+            write_cache_wait_ms_max: 1_000,
+        }
+    }
+
+    /// gRPC-layer bounds.
+    pub fn grpc_limits(&self) -> GrpcLimits {
+        GrpcLimits {
+            adds_in_flight_per_stream_max: self.adds_in_flight_per_stream_max,
+            reads_in_flight_max: self.reads_in_flight_max,
+            reads_per_key_in_flight_max: self.reads_per_key_in_flight_max,
+            fairness_keys_max: 10_000,
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! The gRPC face of the bookie: the `Bookie` service of
+//! `proto/cms/bookie/v1/bookie.proto` over [`BookieCore`].
+//!
+//! Promises:
+//! - every call must name this bookie and incarnation in the headers
+//!   [`BOOKIE_ID_HEADER`] / [`INCARNATION_HEADER`], else `FAILED_PRECONDITION`;
+//! - the add stream answers out of order by request id; at most
+//!   `adds_in_flight_per_stream_max` adds are in flight on one stream, an add
+//!   over that bound is answered `TOO_MANY_REQUESTS` at once and the stream goes
+//!   on; a bad add (oversized, malformed) is answered `BAD_REQUEST` and the
+//!   stream goes on (tonic's own message limit is set well above the entry
+//!   limit, see [`GRPC_MESSAGE_BYTES_MAX`], because a tonic size error ends the
+//!   whole stream);
+//! - reads are admitted fairly by `fairness_key` ([`FairReads`]): one key holds
+//!   at most `reads_per_key_in_flight_max` of the `reads_in_flight_max` slots, so
+//!   one tenant's catch-up reads cannot take every read slot; storage reads run
+//!   on the blocking pool.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::core::{AddOp, BookieCore, ReadResult};
+use crate::fs::{DiskSpace, SharedFs};
+use crate::proto::bookie::bookie_server::Bookie;
+use crate::proto::bookie::{
+    AddFlag, AddRequest, AddResponse, GetBookieInfoRequest, GetBookieInfoResponse, ReadFlag,
+    ReadLacRequest, ReadLacResponse, ReadNextRequest, ReadNextResponse, ReadRangeRequest,
+    ReadRangeResponse, ReadRequest, ReadResponse, StatusCode, WriteLacRequest, WriteLacResponse,
+};
+
+/// Header naming the bookie a call is meant for.
+pub const BOOKIE_ID_HEADER: &str = "x-cms-bookie-id";
+/// Header naming the incarnation a call is meant for.
+pub const INCARNATION_HEADER: &str = "x-cms-bookie-incarnation";
+/// tonic's per-message limit on both sides: above the entry limit plus the
+/// envelope and above the read-response bound.
+pub const GRPC_MESSAGE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Bounds of the gRPC layer.
+#[derive(Debug, Clone)]
+pub struct GrpcLimits {
+    /// Adds in flight on one add stream.
+    pub adds_in_flight_per_stream_max: usize,
+    /// Reads in flight over all connections.
+    pub reads_in_flight_max: usize,
+    /// Reads in flight for one fairness key.
+    pub reads_per_key_in_flight_max: usize,
+    /// Distinct fairness keys tracked; further keys share one slot pool.
+    pub fairness_keys_max: usize,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        GrpcLimits {
+            adds_in_flight_per_stream_max: 10_000,
+            reads_in_flight_max: 64,
+            reads_per_key_in_flight_max: 16,
+            fairness_keys_max: 10_000,
+        }
+    }
+}
+
+/// Fair admission of reads by an opaque key.
+#[derive(Debug)]
+pub struct FairReads {
+    global: Arc<Semaphore>,
+    per_key: DashMap<String, Arc<Semaphore>>,
+    per_key_max: usize,
+    keys_max: usize,
+}
+
+/// Slots held by one admitted read.
+#[derive(Debug)]
+pub struct ReadPermit {
+    _key: OwnedSemaphorePermit,
+    _global: OwnedSemaphorePermit,
+}
+
+impl FairReads {
+    /// `total` slots, at most `per_key` for one key, `keys_max` keys tracked.
+    pub fn new(total: usize, per_key: usize, keys_max: usize) -> Self {
+        FairReads {
+            global: Arc::new(Semaphore::new(total.max(1))),
+            per_key: DashMap::new(),
+            per_key_max: per_key.clamp(1, total.max(1)),
+            keys_max: keys_max.max(1),
+        }
+    }
+
+    /// Waits for a slot for `key` (FIFO within the key, then globally).
+    pub async fn admit(&self, key: &str) -> Option<ReadPermit> {
+        let key_sem = self.key_semaphore(key);
+        let k = key_sem.acquire_owned().await.ok()?;
+        let g = self.global.clone().acquire_owned().await.ok()?;
+        Some(ReadPermit {
+            _key: k,
+            _global: g,
+        })
+    }
+
+    fn key_semaphore(&self, key: &str) -> Arc<Semaphore> {
+        if let Some(s) = self.per_key.get(key) {
+            return s.clone();
+        }
+        let key = if self.per_key.len() >= self.keys_max {
+            // Drop keys with nothing in flight before giving up on tracking.
+            self.per_key
+                .retain(|_, s| s.available_permits() < self.per_key_max);
+            if self.per_key.len() >= self.keys_max {
+                "\u{0}overflow"
+            } else {
+                key
+            }
+        } else {
+            key
+        };
+        self.per_key
+            .entry(key.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_key_max)))
+            .clone()
+    }
+}
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct BookieService {
+    core: Arc<BookieCore>,
+    bookie_id: String,
+    incarnation: u64,
+    limits: GrpcLimits,
+    reads: Arc<FairReads>,
+    disk: DiskProbe,
+    draining: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Reads the space of the file system holding the ledger directory.
+#[derive(Debug, Clone)]
+pub struct DiskProbe {
+    fs: SharedFs,
+    path: PathBuf,
+}
+
+impl DiskProbe {
+    /// A probe of the file system holding `path`.
+    pub fn new(fs: SharedFs, path: PathBuf) -> Self {
+        DiskProbe { fs, path }
+    }
+
+    /// The space, or an error.
+    pub fn space(&self) -> std::io::Result<DiskSpace> {
+        self.fs.space(&self.path)
+    }
+}
+
+fn status_i32(s: StatusCode) -> i32 {
+    s as i32
+}
+
+impl BookieService {
+    /// A service for bookie `bookie_id` / `incarnation`; when `draining` turns
+    /// true, add streams stop reading, answer what is pending and end.
+    pub fn new(
+        core: Arc<BookieCore>,
+        bookie_id: String,
+        incarnation: u64,
+        limits: GrpcLimits,
+        disk: DiskProbe,
+        draining: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        let reads = Arc::new(FairReads::new(
+            limits.reads_in_flight_max,
+            limits.reads_per_key_in_flight_max,
+            limits.fairness_keys_max,
+        ));
+        BookieService {
+            core,
+            bookie_id,
+            incarnation,
+            limits,
+            reads,
+            disk,
+            draining,
+        }
+    }
+
+    fn check_target<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let md = req.metadata();
+        let id = md.get(BOOKIE_ID_HEADER).and_then(|v| v.to_str().ok());
+        let inc = md
+            .get(INCARNATION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        match (id, inc) {
+            (Some(id), Some(inc)) if id == self.bookie_id && inc == self.incarnation => Ok(()),
+            (Some(id), Some(inc)) => Err(Status::failed_precondition(format!(
+                "this is bookie {} incarnation {}, not {id} incarnation {inc}",
+                self.bookie_id, self.incarnation
+            ))),
+            _ => Err(Status::failed_precondition(format!(
+                "missing or malformed {BOOKIE_ID_HEADER} / {INCARNATION_HEADER} headers"
+            ))),
+        }
+    }
+
+    async fn read_one(&self, ledger_id: u64, entry_id: i64, key: &str) -> ReadResult {
+        let Some(_permit) = self.reads.admit(key).await else {
+            return ReadResult {
+                status: StatusCode::TooManyRequests,
+                body: Bytes::new(),
+            };
+        };
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || core.read_entry(ledger_id, entry_id))
+            .await
+            .unwrap_or(ReadResult {
+                status: StatusCode::IoError,
+                body: Bytes::new(),
+            })
+    }
+}
+
+type AddStream = Pin<Box<dyn Stream<Item = Result<AddResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Bookie for BookieService {
+    type AddStream = AddStream;
+
+    async fn add(
+        &self,
+        request: Request<Streaming<AddRequest>>,
+    ) -> Result<Response<AddStream>, Status> {
+        self.check_target(&request)?;
+        let mut inbound = request.into_inner();
+        let in_flight_max = self.limits.adds_in_flight_per_stream_max.max(1);
+        let (tx, rx) = mpsc::channel::<Result<AddResponse, Status>>(in_flight_max.min(4096));
+        let core = self.core.clone();
+        let mut draining = self.draining.clone();
+        if *draining.borrow_and_update() {
+            return Err(Status::unavailable("bookie is shutting down"));
+        }
+        tokio::spawn(async move {
+            let mut pending = FuturesUnordered::new();
+            let mut inbound_open = true;
+            loop {
+                tokio::select! {
+                    // Shutdown: take no more adds, answer the pending ones, then
+                    // end the stream so the connection can close.
+                    changed = draining.changed(), if inbound_open => {
+                        let now_draining = changed.is_err() || *draining.borrow_and_update();
+                        if now_draining {
+                            inbound_open = false;
+                        }
+                    }
+                    next = inbound.next(), if inbound_open => match next {
+                        Some(Ok(req)) => {
+                            let reply = |status: StatusCode| AddResponse {
+                                request_id: req.request_id,
+                                status: status_i32(status),
+                                ledger_id: req.ledger_id,
+                                entry_id: req.entry_id,
+                            };
+                            if pending.len() >= in_flight_max {
+                                if tx.send(Ok(reply(StatusCode::TooManyRequests))).await.is_err() {
+                                    break;
+                                }
+                                continue;
+                            }
+                            let recovery = req.flags & (AddFlag::RecoveryAdd as u32) != 0;
+                            let op = AddOp {
+                                ledger_id: req.ledger_id,
+                                entry_id: req.entry_id,
+                                master_key: req.master_key,
+                                recovery,
+                                body: req.body,
+                            };
+                            let core = core.clone();
+                            let (request_id, ledger_id, entry_id) =
+                                (req.request_id, req.ledger_id, req.entry_id);
+                            core.metrics().adds_in_flight.inc();
+                            pending.push(async move {
+                                let status = core.add(op).await;
+                                core.metrics().adds_in_flight.dec();
+                                AddResponse {
+                                    request_id,
+                                    status: status_i32(status),
+                                    ledger_id,
+                                    entry_id,
+                                }
+                            });
+                        }
+                        Some(Err(status)) => {
+                            tracing::debug!(error = %status, "add stream ended with an error");
+                            inbound_open = false;
+                        }
+                        None => inbound_open = false,
+                    },
+                    Some(resp) = pending.next(), if !pending.is_empty() => {
+                        if tx.send(Ok(resp)).await.is_err() {
+                            break;
+                        }
+                    }
+                    else => break,
+                }
+                if !inbound_open && pending.is_empty() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
+        self.check_target(&request)?;
+        let req = request.into_inner();
+        let fence = req.flags & (ReadFlag::Fence as u32) != 0;
+        if fence {
+            let s = self.core.fence(req.ledger_id, &req.master_key).await;
+            if s != StatusCode::Ok || req.entry_id < 0 {
+                return Ok(Response::new(ReadResponse {
+                    status: status_i32(s),
+                    ledger_id: req.ledger_id,
+                    entry_id: req.entry_id,
+                    body: Bytes::new(),
+                }));
+            }
+        }
+        if req.entry_id < 0 {
+            return Ok(Response::new(ReadResponse {
+                status: status_i32(StatusCode::BadRequest),
+                ledger_id: req.ledger_id,
+                entry_id: req.entry_id,
+                body: Bytes::new(),
+            }));
+        }
+        let r = self
+            .read_one(req.ledger_id, req.entry_id, &req.fairness_key)
+            .await;
+        Ok(Response::new(ReadResponse {
+            status: status_i32(r.status),
+            ledger_id: req.ledger_id,
+            entry_id: req.entry_id,
+            body: r.body,
+        }))
+    }
+
+    async fn read_range(
+        &self,
+        request: Request<ReadRangeRequest>,
+    ) -> Result<Response<ReadRangeResponse>, Status> {
+        self.check_target(&request)?;
+        let req = request.into_inner();
+        let fence = req.flags & (ReadFlag::Fence as u32) != 0;
+        let key = fence.then_some(&req.master_key);
+        let Some(_permit) = self.reads.admit(&req.fairness_key).await else {
+            return Err(Status::unavailable("bookie shutting down"));
+        };
+        let (status, bodies) = self
+            .core
+            .read_range(
+                req.ledger_id,
+                req.first_entry_id,
+                req.count_max as usize,
+                req.bytes_max.min(usize::MAX as u64) as usize,
+                key,
+            )
+            .await;
+        Ok(Response::new(ReadRangeResponse {
+            status: status_i32(status),
+            ledger_id: req.ledger_id,
+            first_entry_id: req.first_entry_id,
+            bodies,
+        }))
+    }
+
+    async fn read_next(
+        &self,
+        request: Request<ReadNextRequest>,
+    ) -> Result<Response<ReadNextResponse>, Status> {
+        self.check_target(&request)?;
+        let req = request.into_inner();
+        let (status, lac, body) = self
+            .core
+            .read_next(
+                req.ledger_id,
+                req.previous_lac,
+                Duration::from_millis(u64::from(req.timeout_ms)),
+            )
+            .await;
+        Ok(Response::new(ReadNextResponse {
+            status: status_i32(status),
+            ledger_id: req.ledger_id,
+            lac,
+            entry_id: req.previous_lac.saturating_add(1),
+            body,
+        }))
+    }
+
+    async fn read_lac(
+        &self,
+        request: Request<ReadLacRequest>,
+    ) -> Result<Response<ReadLacResponse>, Status> {
+        self.check_target(&request)?;
+        let req = request.into_inner();
+        let (status, lac_body, last_entry_body) = self.core.read_lac(req.ledger_id);
+        Ok(Response::new(ReadLacResponse {
+            status: status_i32(status),
+            ledger_id: req.ledger_id,
+            lac_body,
+            last_entry_body,
+        }))
+    }
+
+    async fn write_lac(
+        &self,
+        request: Request<WriteLacRequest>,
+    ) -> Result<Response<WriteLacResponse>, Status> {
+        self.check_target(&request)?;
+        let req = request.into_inner();
+        let status = self
+            .core
+            .write_lac(req.ledger_id, &req.master_key, req.lac, req.body)
+            .await;
+        Ok(Response::new(WriteLacResponse {
+            status: status_i32(status),
+            ledger_id: req.ledger_id,
+        }))
+    }
+
+    async fn get_bookie_info(
+        &self,
+        request: Request<GetBookieInfoRequest>,
+    ) -> Result<Response<GetBookieInfoResponse>, Status> {
+        self.check_target(&request)?;
+        let (total_bytes, free_bytes) = self
+            .disk
+            .space()
+            .map(|s| (s.total_bytes, s.available_bytes))
+            .unwrap_or((0, 0));
+        Ok(Response::new(GetBookieInfoResponse {
+            bookie_id: self.bookie_id.clone(),
+            incarnation: self.incarnation,
+            writable: self.core.mode() == super::core::BookieMode::Writable,
+            total_bytes,
+            free_bytes,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_key_cannot_take_every_read_slot() {
+        let fair = FairReads::new(4, 2, 100);
+        let a1 = fair.admit("a").await.unwrap();
+        let a2 = fair.admit("a").await.unwrap();
+        // A third read of "a" waits although global slots are free...
+        let third = tokio::time::timeout(Duration::from_millis(50), fair.admit("a")).await;
+        assert!(third.is_err(), "key a got a third slot");
+        // ...while another key is admitted at once.
+        let b = tokio::time::timeout(Duration::from_millis(50), fair.admit("b")).await;
+        assert!(b.is_ok());
+        drop((a1, a2));
+        assert!(fair.admit("a").await.is_some());
+    }
+
+    #[tokio::test]
+    async fn key_tracking_is_bounded() {
+        let fair = FairReads::new(8, 2, 3);
+        let mut held = Vec::new();
+        for k in ["a", "b", "c", "d", "e"] {
+            held.push(fair.admit(k).await.unwrap());
+        }
+        assert!(fair.per_key.len() <= 4);
+    }
+}

@@ -1,0 +1,148 @@
+//! Our servers as processes, on top of [`crate::harness`]: a bookie
+//! ([`BookieNode`]) started from the real `cms-bookie serve` binary against a
+//! real ZooKeeper, with its data in its own directory, and helpers to read the
+//! metadata it writes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use cms_bookie::bookie_client::{BookieClient, ClientOptions};
+use cms_bookie::metadata::MetadataStore;
+use cms_bookie::metadata::layout::{Layout, init_cluster};
+use cms_bookie::metadata::zk::{ZkOptions, ZkStore};
+
+use crate::harness::process::{Process, ProcessBuilder};
+
+/// Metadata root used by the cluster tests.
+pub const ROOT: &str = "/cms";
+
+/// A ZooKeeper-backed store handle for the test itself, with the cluster
+/// initialised (`init_cluster` is idempotent).
+pub async fn init_store(connect_string: &str) -> Arc<dyn MetadataStore> {
+    let store = ZkStore::connect(
+        connect_string,
+        &ZkOptions {
+            session_timeout_ms: 15_000,
+            ..ZkOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connecting to ZooKeeper {connect_string}: {e}"));
+    let layout = Layout::new(ROOT).unwrap_or_else(|e| panic!("{e}"));
+    init_cluster(&store, &layout, "test")
+        .await
+        .unwrap_or_else(|e| panic!("init-cluster: {e}"));
+    Arc::new(store)
+}
+
+/// One `cms-bookie serve` process.
+#[derive(Debug)]
+pub struct BookieNode {
+    /// The process (restart, kill, pause, log).
+    pub process: Process,
+    /// Its bookie id.
+    pub id: String,
+}
+
+impl BookieNode {
+    /// Builder arguments of a bookie `id` against ZooKeeper `zk` (`host:port`),
+    /// with small files for tests; `extra` flags are appended (later flags win).
+    pub fn builder(id: &str, zk: &str, extra: &[&str]) -> ProcessBuilder {
+        ProcessBuilder::new("cms-bookie")
+            .name(id)
+            .port("grpc")
+            .port("http")
+            .arg("serve")
+            .arg("--config={dir}/bookie.toml")
+            .file("bookie.toml", "")
+            .arg(format!("--metadata-url=zk://{zk}"))
+            .arg("--metadata-session-timeout-ms=4000")
+            .arg(format!("--bookie-id={id}"))
+            .arg("--grpc-bind=127.0.0.1:{port:grpc}")
+            .arg("--http-bind=127.0.0.1:{port:http}")
+            .arg("--journal-dir={dir}/journal")
+            .arg("--ledger-dir={dir}/ledgers")
+            .arg("--journal-file-bytes=4194304")
+            .arg("--entry-log-bytes-max=8388608")
+            .arg("--write-cache-bytes-max=33554432")
+            .arg("--read-cache-bytes-max=16777216")
+            .arg("--reserved-bytes=1048576")
+            .arg("--disk-check-interval-ms=200")
+            .args(extra.iter().copied())
+    }
+
+    /// Starts bookie `id` and waits until it is ready (registered, writable).
+    pub async fn start(id: &str, zk: &str, extra: &[&str]) -> BookieNode {
+        let mut process = Self::builder(id, zk, extra).spawn();
+        let http = process.addr("http");
+        process.wait_ready(http).await;
+        BookieNode {
+            process,
+            id: id.to_string(),
+        }
+    }
+
+    /// Replaces the bookie's TOML config file (read at the next start; flags
+    /// given at spawn still win over it).
+    pub fn set_config(&self, toml: &str) {
+        let path = self.process.dir().join("bookie.toml");
+        std::fs::write(&path, toml).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+
+    /// The gRPC address.
+    pub fn grpc(&self) -> SocketAddr {
+        self.process.addr("grpc")
+    }
+
+    /// The HTTP address.
+    pub fn http(&self) -> SocketAddr {
+        self.process.addr("http")
+    }
+
+    /// Waits until ready again (after a restart).
+    pub async fn wait_ready(&mut self) {
+        let http = self.http();
+        self.process.wait_ready(http).await;
+    }
+
+    /// Restarts (SIGTERM, start) and waits until ready.
+    pub async fn restart(&mut self) {
+        self.process.restart().await;
+        self.wait_ready().await;
+    }
+
+    /// SIGKILL, start again, wait until ready.
+    pub async fn kill_and_restart(&mut self) {
+        self.process.kill();
+        self.process.restart().await;
+        self.wait_ready().await;
+    }
+
+    /// A connection to this bookie as incarnation `incarnation`.
+    pub async fn client_for(&self, incarnation: u64) -> BookieClient {
+        BookieClient::connect(
+            &self.id,
+            incarnation,
+            &self.grpc().to_string(),
+            ClientOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.id))
+    }
+
+    /// A connection to this bookie, incarnation 1.
+    pub async fn client(&self) -> BookieClient {
+        self.client_for(1).await
+    }
+
+    /// `POST http://<http><path>` (test fault triggers); the status, or None if
+    /// the connection broke (a power cut aborts the process mid-request).
+    pub async fn post(&self, path: &str) -> Option<u16> {
+        crate::harness::http::client()
+            .post(format!("http://{}{path}", self.http()))
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    }
+}
