@@ -334,34 +334,8 @@ async fn an_fsync_failure_acks_nothing_of_its_group_and_stops_writes() {
 async fn a_new_incarnation_answers_unknown_state_for_its_ledgers_and_kill_9_does_not() {
     let zk = zk().await;
     let store = init_store(&zk.connect_string()).await;
-    let layout = Layout::new(ROOT).unwrap();
     // Ledger 42's metadata names b1 (as the ledger client will write it).
-    let meta = LedgerMetadata {
-        ledger_id: 42,
-        ensemble_size: 1,
-        write_quorum: 1,
-        ack_quorum: 1,
-        status: LedgerStatus::LedgerOpen as i32,
-        last_entry_id: -1,
-        length: 0,
-        segments: vec![Segment {
-            first_entry_id: 0,
-            ensemble: vec!["b1".into()],
-        }],
-        digest_type: 0,
-        password: b"pw".to_vec(),
-        custom: Default::default(),
-        ctime_ms: 0,
-    };
-    let path = layout.ledger(42);
-    store
-        .create_all(cms_bookie::metadata::parent_of(&path).unwrap())
-        .await
-        .unwrap();
-    store
-        .create(&path, &meta.encode_to_vec(), CreateMode::Persistent)
-        .await
-        .unwrap();
+    create_ledger_metadata(&store, 42, &["b1"]).await;
     let mut b = BookieNode::start("b1", &zk.connect_string(), &[]).await;
     let c = b.client().await;
     for e in 0..3 {
@@ -410,4 +384,77 @@ async fn a_new_incarnation_answers_unknown_state_for_its_ledgers_and_kill_9_does
         StatusCode::Fenced
     );
     tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+/// Writes ledger `id`'s metadata node naming `bookies`.
+async fn create_ledger_metadata(
+    store: &std::sync::Arc<dyn cms_bookie::metadata::MetadataStore>,
+    id: u64,
+    bookies: &[&str],
+) {
+    let layout = Layout::new(ROOT).unwrap();
+    let meta = LedgerMetadata {
+        ledger_id: id,
+        ensemble_size: bookies.len() as u32,
+        write_quorum: bookies.len() as u32,
+        ack_quorum: 1,
+        status: LedgerStatus::LedgerOpen as i32,
+        last_entry_id: -1,
+        length: 0,
+        segments: vec![Segment {
+            first_entry_id: 0,
+            ensemble: bookies.iter().map(|b| b.to_string()).collect(),
+        }],
+        digest_type: 0,
+        password: b"pw".to_vec(),
+        custom: Default::default(),
+        ctime_ms: 0,
+    };
+    let path = layout.ledger(id);
+    store
+        .create_all(cms_bookie::metadata::parent_of(&path).unwrap())
+        .await
+        .unwrap();
+    store
+        .create(&path, &meta.encode_to_vec(), CreateMode::Persistent)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_deletes_only_ledgers_whose_metadata_is_gone_and_only_after_the_grace() {
+    let zk = zk().await;
+    let store = init_store(&zk.connect_string()).await;
+    create_ledger_metadata(&store, 1, &["b1"]).await;
+    let b = BookieNode::start(
+        "b1",
+        &zk.connect_string(),
+        &[
+            "--gc-interval-ms=200",
+            "--gc-grace-ms=3000",
+            "--checkpoint-interval-ms=200",
+        ],
+    )
+    .await;
+    let c = b.client().await;
+    for e in 0..5 {
+        assert_eq!(add(&c, 1, e).await, StatusCode::Ok);
+        assert_eq!(add(&c, 2, e).await, StatusCode::Ok);
+    }
+    // Ledger 2 has no metadata, but it is younger than the grace period.
+    assert_reads_back(&c, 2, 5).await;
+    eventually(
+        "GC deletes ledger 2 (no metadata) after the grace",
+        30_000,
+        || {
+            let c = c.clone();
+            async move {
+                let r = c.read(2, 0, None, "t").await.unwrap();
+                read_status(&r) == StatusCode::NoLedger
+            }
+        },
+    )
+    .await;
+    // Ledger 1 (metadata present) is untouched.
+    assert_reads_back(&c, 1, 5).await;
 }

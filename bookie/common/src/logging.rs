@@ -37,8 +37,11 @@ pub fn init_logging(args: &LogArgs) -> Result<(), String> {
         _ => EnvFilter::try_new(&args.log_level)
             .map_err(|e| format!("--log-level {:?}: {e}", args.log_level))?,
     };
+    // Colours only on a terminal: log files and CI output stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Text => builder.try_init(),
