@@ -32,6 +32,9 @@ use crate::proto::bookie::{
 };
 use crate::server::grpc::{BOOKIE_ID_HEADER, GRPC_MESSAGE_BYTES_MAX, INCARNATION_HEADER};
 
+/// HTTP/2 stream and connection flow-control window of bookie connections.
+pub const HTTP2_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
+
 /// Why a call did not get a bookie status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
@@ -157,6 +160,10 @@ impl BookieClient {
             .map_err(|e| connect_err(e.to_string()))?
             .connect_timeout(Duration::from_millis(opts.connect_timeout_ms))
             .tcp_nodelay(true)
+            // Many adds in flight on one stream: a 64 KiB HTTP/2 window would
+            // make throughput wait on window updates.
+            .initial_stream_window_size(HTTP2_WINDOW_BYTES)
+            .initial_connection_window_size(HTTP2_WINDOW_BYTES)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect()

@@ -458,3 +458,51 @@ async fn gc_deletes_only_ledgers_whose_metadata_is_gone_and_only_after_the_grace
     // Ledger 1 (metadata present) is untouched.
     assert_reads_back(&c, 1, 5).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_entry_log_is_an_io_error_never_no_entry() {
+    let zk = zk().await;
+    init_store(&zk.connect_string()).await;
+    let mut b = BookieNode::start("b1", &zk.connect_string(), &[]).await;
+    let c = b.client().await;
+    for e in 0..50 {
+        assert_eq!(add(&c, 6, e).await, StatusCode::Ok);
+    }
+    // SIGTERM checkpoints: the entries are in an entry log, the journal trimmed.
+    assert!(b.process.stop().await.unwrap().success());
+    let logs: Vec<_> = std::fs::read_dir(b.process.dir().join("ledgers/current"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    let mut flipped = 0;
+    for log in &logs {
+        let mut bytes = std::fs::read(log).unwrap();
+        if bytes.len() < 4096 {
+            continue;
+        }
+        // Flip bytes spread over the records, past any file header.
+        for at in (bytes.len() / 4..bytes.len()).step_by(bytes.len() / 8) {
+            bytes[at] ^= 0xFF;
+            flipped += 1;
+        }
+        std::fs::write(log, bytes).unwrap();
+    }
+    assert!(flipped > 0, "no entry log with data found in {logs:?}");
+    b.process.restart().await;
+    b.wait_ready().await;
+    let c = b.client().await;
+    let (mut ok, mut io) = (0, 0);
+    for e in 0..50 {
+        let r = c.read(6, e, None, "t").await.unwrap();
+        match read_status(&r) {
+            StatusCode::Ok => {
+                assert_eq!(r.body, entry(6, e), "an OK read is byte-identical");
+                ok += 1;
+            }
+            StatusCode::IoError => io += 1,
+            other => panic!("entry {e}: corruption answered {other:?}, not IO_ERROR"),
+        }
+    }
+    assert!(io > 0, "the flipped bytes were detected ({ok} ok)");
+}

@@ -32,6 +32,11 @@ enum Mode {
     Sync,
     Throughput,
     Floor,
+    /// Write `--ledgers` ledgers of `--entries` entries each, then read
+    /// `--count` random entries (one at a time).
+    ManyLedgers,
+    /// Only the random reads of `many-ledgers` (after a restart).
+    RandomReads,
 }
 
 /// Load generator for one bookie.
@@ -71,6 +76,9 @@ struct Cli {
     /// First ledger id used (pick a fresh range per run).
     #[arg(long, default_value_t = 1_000_000)]
     first_ledger: u64,
+    /// Entries per ledger (many-ledgers mode).
+    #[arg(long, default_value_t = 4)]
+    entries: u64,
     /// Directory for the fdatasync floor file (floor mode).
     #[arg(long, default_value = ".")]
     floor_dir: PathBuf,
@@ -101,6 +109,12 @@ async fn main() -> anyhow::Result<()> {
         Mode::Floor => floor(&cli)?,
         Mode::Sync => sync(&cli).await?,
         Mode::Throughput => throughput(&cli).await?,
+        Mode::ManyLedgers => {
+            let w = many_ledgers(&cli).await?;
+            let r = random_reads(&cli).await?;
+            serde_json::json!({"mode": "many-ledgers", "write": w, "read": r})
+        }
+        Mode::RandomReads => random_reads(&cli).await?,
     };
     println!("{out}");
     std::io::stdout().flush().ok();
@@ -251,4 +265,71 @@ async fn throughput(cli: &Cli) -> anyhow::Result<serde_json::Value> {
         "mode": "throughput", "size": cli.size, "concurrency": cli.concurrency,
         "adds_per_s": rate, "mib_per_s": mib, "latency": s
     }))
+}
+
+async fn many_ledgers(cli: &Cli) -> anyhow::Result<serde_json::Value> {
+    let c = connect(cli).await?;
+    let payload = Arc::new(vec![0x5Au8; cli.size]);
+    let next = Arc::new(AtomicU64::new(0));
+    let key = Bytes::from_static(KEY);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..cli.concurrency.max(1) {
+        let (c, payload, next, key) = (c.clone(), payload.clone(), next.clone(), key.clone());
+        let (ledgers, entries, first) = (cli.ledgers, cli.entries, cli.first_ledger);
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= ledgers {
+                    return anyhow::Ok(());
+                }
+                let ledger = first + i;
+                for e in 0..entries as i64 {
+                    let s = c
+                        .add(ledger, e, key.clone(), false, entry(ledger, e, &payload))
+                        .await?;
+                    if s != StatusCode::Ok {
+                        bail!("ledger {ledger} entry {e}: {}", s.as_str_name());
+                    }
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let adds = cli.ledgers * cli.entries;
+    eprintln!(
+        "wrote {} ledgers x {} entries in {secs:.1} s ({:.0} adds/s)",
+        cli.ledgers,
+        cli.entries,
+        adds as f64 / secs
+    );
+    Ok(
+        serde_json::json!({"ledgers": cli.ledgers, "entries": cli.entries,
+        "seconds": secs, "adds_per_s": adds as f64 / secs}),
+    )
+}
+
+async fn random_reads(cli: &Cli) -> anyhow::Result<serde_json::Value> {
+    use rand::Rng;
+    let c = connect(cli).await?;
+    let mut h = new_hist()?;
+    let mut rng = rand::rng();
+    for _ in 0..cli.count {
+        let ledger = cli.first_ledger + rng.random_range(0..cli.ledgers.max(1));
+        let e = rng.random_range(0..cli.entries.max(1)) as i64;
+        let t = Instant::now();
+        let r = c.read(ledger, e, None, "bench").await?;
+        let took = t.elapsed();
+        if r.status != StatusCode::Ok as i32 || r.body != entry(ledger, e, &vec![0x5Au8; cli.size])
+        {
+            bail!("read {ledger}:{e} answered status {}", r.status);
+        }
+        h.record(took.as_micros().max(1) as u64)?;
+    }
+    let s = summary(&h);
+    eprintln!("random reads: {s}");
+    Ok(serde_json::json!({"mode": "random-reads", "latency": s}))
 }

@@ -209,6 +209,8 @@ pub async fn run(
         tonic::transport::Server::builder()
             .timeout(Duration::from_millis(cfg.request_timeout_ms))
             .tcp_nodelay(true)
+            .initial_stream_window_size(crate::bookie_client::HTTP2_WINDOW_BYTES)
+            .initial_connection_window_size(crate::bookie_client::HTTP2_WINDOW_BYTES)
             .add_service(
                 BookieServer::new(service)
                     .max_decoding_message_size(GRPC_MESSAGE_BYTES_MAX)
