@@ -22,7 +22,10 @@ pub mod range_set;
 pub mod rollover;
 pub mod trim;
 
-pub use cursor::{Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition};
+pub use cursor::{
+    AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition, Snapshot,
+    newest_snapshot, ttl_cutoff_ms,
+};
 pub use ledger_list::{LedgerList, LedgerListError, LedgerMeta};
 pub use position::Position;
 pub use publish_time::{PublishTimeSearch, SearchError, SearchResult, SearchStep};

@@ -9,6 +9,8 @@
 //! `managedLedgerMaxEntriesPerLedger=50000`, `managedLedgerMaxSizePerLedgerMbytes=2048`).
 //! A clock that went backwards counts as age 0, never as a huge age.
 
+use super::ledger_list::LedgerList;
+
 /// Rollover thresholds (per broker, overridable per namespace).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RolloverPolicy {
@@ -77,6 +79,17 @@ impl RolloverPolicy {
             RolloverDecision::Keep
         }
     }
+
+    /// The decision for the current ledger of `ledgers` at `now_ms`
+    /// (`Keep` when no ledger is open for appends).
+    pub fn decide_current(&self, ledgers: &LedgerList, now_ms: u64) -> RolloverDecision {
+        ledgers
+            .current_ledger_id()
+            .and_then(|id| ledgers.ledger(id))
+            .map_or(RolloverDecision::Keep, |l| {
+                self.decide(l.entries, l.size_bytes, l.ctime_ms, now_ms)
+            })
+    }
 }
 
 #[cfg(test)]
@@ -128,5 +141,26 @@ mod tests {
         assert_eq!(p.decide(1, 0, 500, 0), RolloverDecision::Keep);
         let d = RolloverPolicy::default();
         assert_eq!(d.decide(50_000, 0, 10_000_000, 0), RolloverDecision::Keep);
+    }
+
+    #[test]
+    fn decides_on_the_current_ledger_only() {
+        let p = RolloverPolicy {
+            age_ms_min: 0,
+            entries_max: 2,
+            ..RolloverPolicy::default()
+        };
+        let mut l = LedgerList::new();
+        assert_eq!(p.decide_current(&l, 0), RolloverDecision::Keep);
+        l.add_ledger(1, 0).unwrap();
+        l.record_add(1, 0, 1).unwrap();
+        assert_eq!(p.decide_current(&l, 0), RolloverDecision::Keep);
+        l.record_add(1, 1, 1).unwrap();
+        assert_eq!(
+            p.decide_current(&l, 0),
+            RolloverDecision::Roll(RolloverReason::Entries)
+        );
+        l.record_closed(1, 2, 2, 5).unwrap();
+        assert_eq!(p.decide_current(&l, 0), RolloverDecision::Keep);
     }
 }
