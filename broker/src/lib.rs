@@ -5,3 +5,5 @@
 //! Nothing of this is built yet: the binary says so and exits non-zero. The
 //! foundation it will stand on (configuration, logging, the metadata store) is
 //! in `cms-common` and `cms-bookie`.
+
+pub mod managed_ledger;
