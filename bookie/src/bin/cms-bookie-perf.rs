@@ -189,7 +189,10 @@ async fn sync(cli: &Cli) -> anyhow::Result<serde_json::Value> {
 }
 
 async fn throughput(cli: &Cli) -> anyhow::Result<serde_json::Value> {
-    if cli.concurrency == 0 || cli.ledgers == 0 || !(cli.concurrency as u64).is_multiple_of(cli.ledgers) {
+    if cli.concurrency == 0
+        || cli.ledgers == 0
+        || !(cli.concurrency as u64).is_multiple_of(cli.ledgers)
+    {
         bail!("--concurrency must be a positive multiple of --ledgers");
     }
     let c = connect(cli).await?;

@@ -44,6 +44,7 @@
 //! bookies, recovery starts at max(LAC, first entry of the last segment − 1):
 //! [`quorum`], [`recovery`]), 4 (readers stop at LAC: [`reader`]).
 
+pub mod driver;
 pub mod lac;
 pub mod master_key;
 pub mod metadata;
