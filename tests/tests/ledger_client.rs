@@ -348,3 +348,54 @@ async fn a_delayed_bookie_during_recovery_truncates_no_acked_entry() {
     assert!(ids.iter().all(|e| *e <= r.last_readable()));
     assert_all_readable(&recoverer, id, &acked).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_an_open_ledger_stops_at_the_lac_and_tails_with_the_long_poll() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    let w = client
+        .create_ledger(3, 2, 2, b"pw", HashMap::new())
+        .await
+        .unwrap();
+    let id = w.ledger_id();
+    for e in 0..10 {
+        assert_eq!(w.add(ledger_payload(e, SIZE)).await.unwrap(), e);
+    }
+    let reader = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    let r = reader.open_ledger(id, false).await.unwrap();
+    assert!(!r.is_closed());
+    // Entry 9's LAC only reaches the bookies with the idle writer's explicit LAC.
+    eventually("the reader sees LAC 9", 10_000, || {
+        let r = r.clone();
+        async move { r.read_lac().await.unwrap() == 9 }
+    })
+    .await;
+    let entries = r.read(0, 9).await.unwrap();
+    assert_eq!(entries.len(), 10);
+    assert!(matches!(
+        r.read(10, 10).await,
+        Err(LedgerError::Read(
+            cms_bookie::client::reader::ReadError::PastEnd { .. }
+        ))
+    ));
+    // Tail: the long poll returns once more is confirmed.
+    let tail = {
+        let r = r.clone();
+        tokio::spawn(async move { r.wait_lac_above(9, 10_000).await.unwrap() })
+    };
+    for e in 10..12 {
+        w.add(ledger_payload(e, SIZE)).await.unwrap();
+    }
+    let lac = tail.await.unwrap();
+    assert!(lac >= 10, "tail returned {lac}");
+    let more = r.read(10, lac).await.unwrap();
+    for e in more {
+        assert_eq!(
+            e.payload.as_ref(),
+            ledger_payload(e.entry_id, SIZE).as_slice()
+        );
+    }
+    assert_eq!(w.close().await.unwrap(), 11);
+    assert_all_readable(&reader, id, &(0..12).collect::<Vec<_>>()).await;
+}

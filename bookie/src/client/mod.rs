@@ -18,6 +18,10 @@
 //! | [`lac`] | the explicit-LAC body written by an idle writer |
 //! | [`master_key`] | the key sent with adds and fences, derived from the ledger password |
 //!
+//! The one exception to "no I/O" is [`driver`]: the async driver that runs
+//! these cores against real bookies and a real metadata store
+//! ([`driver::LedgerClient`], the public entry point).
+//!
 //! # How a driver uses it
 //!
 //! 1. Create: [`metadata::new_ledger`] builds the metadata of a new ledger; the

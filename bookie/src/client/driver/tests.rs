@@ -219,3 +219,11 @@ async fn the_registry_follows_registrations_and_read_only_moves() {
     assert_eq!(b.len(), 2);
     assert!(b[0].writable && !b[1].writable);
 }
+
+#[test]
+fn client_and_handles_are_send_sync_and_cheap_to_clone() {
+    fn shareable<T: Send + Sync + Clone + 'static>() {}
+    shareable::<LedgerClient>();
+    shareable::<WriteHandle>();
+    shareable::<ReadHandle>();
+}
