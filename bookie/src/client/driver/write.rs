@@ -4,9 +4,10 @@
 //! (`add_queue_max`) to the task, which alone owns the `Writer`: it feeds each
 //! command and each bookie answer to the core, calls `tick` on a timer
 //! (`tick_interval_ms`; add timeouts and the idle writer's explicit LAC fire
-//! there), and performs every action the core asks for: adds are sent on
-//! spawned tasks whose answers come back as inputs, metadata updates run as
-//! read-modify-CAS loops, replacements come from placement.
+//! there), and performs every action the core asks for: adds are sent as
+//! futures the task polls itself (each answer comes back as an input),
+//! metadata updates run as read-modify-CAS loops on spawned tasks,
+//! replacements come from placement.
 //!
 //! Promises: adds complete in entry order and only when the core says so
 //! (Qa acks of the current write set and every earlier entry completed);
@@ -23,6 +24,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::FutureExt as _;
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
@@ -108,6 +113,7 @@ impl WriteHandle {
             backlog: VecDeque::new(),
             close_waiters: Vec::new(),
             ev_tx,
+            adds_in_flight: FuturesUnordered::new(),
             lac: lac.clone(),
             closed_at: None,
         };
@@ -170,6 +176,10 @@ struct Task {
     backlog: VecDeque<Cmd>,
     close_waiters: Vec<Reply>,
     ev_tx: mpsc::Sender<Event>,
+    /// Adds sent to bookies, polled by this task (no task per request: an
+    /// answer wakes the driver directly). Bounded by the core's outstanding
+    /// adds × Qw (plus answers to replaced bookies not yet back).
+    adds_in_flight: FuturesUnordered<BoxFuture<'static, Event>>,
     lac: Arc<AtomicI64>,
     closed_at: Option<EntryId>,
 }
@@ -187,12 +197,19 @@ impl Task {
         let mut rx_open = true;
         loop {
             let take = rx_open && self.backlog.is_empty();
+            // Unbiased: a steady stream of answers never starves new adds.
             tokio::select! {
-                biased;
+                Some(ev) = self.adds_in_flight.next(), if !self.adds_in_flight.is_empty() => {
+                    self.tick();
+                    self.event(ev);
+                    // Take every answer already in before deciding anything.
+                    while let Some(Some(ev)) = self.adds_in_flight.next().now_or_never() {
+                        self.event(ev);
+                    }
+                }
                 Some(ev) = ev_rx.recv() => {
                     self.tick();
                     self.event(ev);
-                    // Take every answer already queued before deciding anything.
                     while let Ok(ev) = ev_rx.try_recv() {
                         self.event(ev);
                     }
@@ -340,11 +357,10 @@ impl Task {
         }
     }
 
-    fn send_add(&self, bookie: BookieId, entry_id: EntryId, body: Bytes) {
+    fn send_add(&mut self, bookie: BookieId, entry_id: EntryId, body: Bytes) {
         let inner = self.inner.clone();
-        let ev_tx = self.ev_tx.clone();
         let (ledger_id, key) = (self.ledger_id, self.key.clone());
-        tokio::spawn(async move {
+        self.adds_in_flight.push(Box::pin(async move {
             let status = match inner.pool.get(&bookie).await {
                 Ok(c) => match c.add(ledger_id, entry_id, key, false, body).await {
                     Ok(code) => BookieStatus::from_wire(code),
@@ -356,13 +372,11 @@ impl Task {
                 },
                 Err(_) => BookieStatus::Timeout,
             };
-            let _ = ev_tx
-                .send(Event::AddDone {
-                    bookie,
-                    entry_id,
-                    status,
-                })
-                .await;
-        });
+            Event::AddDone {
+                bookie,
+                entry_id,
+                status,
+            }
+        }));
     }
 }
