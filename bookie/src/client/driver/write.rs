@@ -116,6 +116,7 @@ impl WriteHandle {
             adds_in_flight: FuturesUnordered::new(),
             lac: lac.clone(),
             closed_at: None,
+            explicit_lac_sent: -1,
         };
         tokio::spawn(task.run(rx, ev_rx));
         Ok(WriteHandle { ledger_id, tx, lac })
@@ -182,6 +183,8 @@ struct Task {
     adds_in_flight: FuturesUnordered<BoxFuture<'static, Event>>,
     lac: Arc<AtomicI64>,
     closed_at: Option<EntryId>,
+    /// The last LAC sent explicitly (−1 = none).
+    explicit_lac_sent: EntryId,
 }
 
 impl Task {
@@ -190,13 +193,30 @@ impl Task {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, mut ev_rx: mpsc::Receiver<Event>) {
-        let mut interval = tokio::time::interval(Duration::from_millis(
-            self.inner.options.tick_interval_ms.max(1),
-        ));
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let busy_period = Duration::from_millis(self.inner.options.tick_interval_ms.max(1));
+        let idle_period = Duration::from_millis(
+            (self.inner.options.writer.explicit_lac_interval_ms / 4)
+                .max(self.inner.options.tick_interval_ms.max(1)),
+        );
+        let mut next_tick = tokio::time::Instant::now() + busy_period;
         let mut rx_open = true;
         loop {
             let take = rx_open && self.backlog.is_empty();
+            // An idle ledger's task sleeps: no timer at all once its LAC was
+            // sent explicitly, a slow one until then, the fast one while adds
+            // or a close are outstanding.
+            let busy = self.writer.outstanding_adds() > 0
+                || !self.backlog.is_empty()
+                || !self.close_waiters.is_empty();
+            let lac_due = self.inner.options.writer.explicit_lac_interval_ms > 0
+                && self.writer.lac() > self.explicit_lac_sent;
+            let open = self.closed_at.is_none() && self.writer.error().is_none();
+            let timer = open && (busy || lac_due);
+            let period = if busy { busy_period } else { idle_period };
+            let now = tokio::time::Instant::now();
+            if next_tick > now + period {
+                next_tick = now + period;
+            }
             // Unbiased: a steady stream of answers never starves new adds.
             tokio::select! {
                 Some(ev) = self.adds_in_flight.next(), if !self.adds_in_flight.is_empty() => {
@@ -226,7 +246,10 @@ impl Task {
                     }
                     None => rx_open = false,
                 },
-                _ = interval.tick() => self.tick(),
+                _ = tokio::time::sleep_until(next_tick), if timer => {
+                    next_tick = tokio::time::Instant::now() + period;
+                    self.tick();
+                }
             }
             self.submit_backlog();
             self.drain();
@@ -305,6 +328,7 @@ impl Task {
                     body,
                 } => self.send_add(bookie, entry_id, body),
                 WriterAction::SendWriteLac { bookie, lac, body } => {
+                    self.explicit_lac_sent = self.explicit_lac_sent.max(lac);
                     let inner = self.inner.clone();
                     let (ledger_id, key) = (self.ledger_id, self.key.clone());
                     tokio::spawn(async move {
