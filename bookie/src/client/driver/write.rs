@@ -280,6 +280,11 @@ impl Task {
     }
 
     fn submit_backlog(&mut self) {
+        if self.backlog.is_empty() {
+            return;
+        }
+        // New requests are stamped with the time last given to the core.
+        self.tick();
         while let Some(cmd) = self.backlog.pop_front() {
             match cmd {
                 Cmd::Add(payload, reply) => match self.writer.add(&payload) {
