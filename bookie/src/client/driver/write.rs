@@ -117,6 +117,7 @@ impl WriteHandle {
             lac: lac.clone(),
             closed_at: None,
             explicit_lac_sent: -1,
+            last_tick_ms: u64::MAX,
         };
         tokio::spawn(task.run(rx, ev_rx));
         Ok(WriteHandle { ledger_id, tx, lac })
@@ -185,6 +186,8 @@ struct Task {
     closed_at: Option<EntryId>,
     /// The last LAC sent explicitly (−1 = none).
     explicit_lac_sent: EntryId,
+    /// The time last given to the core.
+    last_tick_ms: u64,
 }
 
 impl Task {
@@ -262,9 +265,15 @@ impl Task {
         }
     }
 
+    /// Gives the core the time. The core's tick scans every outstanding add
+    /// for timeouts, so it runs at most once per millisecond (the clock's
+    /// resolution anyway), however many inputs arrive.
     fn tick(&mut self) {
         let now = self.now_ms();
-        self.writer.tick(now);
+        if now != self.last_tick_ms {
+            self.last_tick_ms = now;
+            self.writer.tick(now);
+        }
     }
 
     fn event(&mut self, ev: Event) {
