@@ -1,12 +1,14 @@
 //! Our servers as processes, on top of [`crate::harness`]: a bookie
 //! ([`BookieNode`]) started from the real `cms-bookie serve` binary against a
-//! real ZooKeeper, with its data in its own directory, and helpers to read the
-//! metadata it writes.
+//! real ZooKeeper, with its data in its own directory, helpers to read the
+//! metadata it writes, and a ledger client ([`ledger_client`]) with test
+//! timeouts.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use cms_bookie::bookie_client::{BookieClient, ClientOptions};
+use cms_bookie::client::driver::{LedgerClient, LedgerClientOptions};
 use cms_bookie::metadata::MetadataStore;
 use cms_bookie::metadata::layout::{Layout, init_cluster};
 use cms_bookie::metadata::zk::{ZkOptions, ZkStore};
@@ -145,4 +147,46 @@ impl BookieNode {
             .ok()
             .map(|r| r.status().as_u16())
     }
+}
+
+/// Options of a ledger client in process tests: short timeouts, so a lost or
+/// frozen bookie is noticed within a test's time budget.
+pub fn ledger_client_options() -> LedgerClientOptions {
+    let mut o = LedgerClientOptions::default();
+    o.writer.add_timeout_ms = 2_000;
+    o.writer.explicit_lac_interval_ms = 200;
+    o.recovery.read_timeout_ms = 2_000;
+    o.recovery.add_timeout_ms = 2_000;
+    o.bookie.connect_timeout_ms = 1_000;
+    o.bookie.request_timeout_ms = 3_000;
+    o
+}
+
+/// A ledger client against ZooKeeper `zk` (`host:port`) with `options`, in
+/// its own metadata session.
+pub async fn ledger_client(zk: &str, options: LedgerClientOptions) -> LedgerClient {
+    let store = init_store(zk).await;
+    let layout = Layout::new(ROOT).unwrap_or_else(|e| panic!("{e}"));
+    LedgerClient::connect(store, layout, options)
+        .await
+        .unwrap_or_else(|e| panic!("ledger client: {e}"))
+}
+
+/// The payload the ledger tests (and `cms-test-ledger-writer`) write as entry
+/// `entry_id`: `size` bytes that name the entry, so a misplaced or truncated
+/// entry is visible.
+pub fn ledger_payload(entry_id: i64, size: usize) -> Vec<u8> {
+    let tag = format!("entry {entry_id:010} ");
+    tag.bytes().cycle().take(size.max(tag.len())).collect()
+}
+
+/// Bookies `b1..=bn` against ZooKeeper `zk` (initialised first), started one
+/// after the other and ready.
+pub async fn start_bookies(zk: &str, n: usize) -> Vec<BookieNode> {
+    init_store(zk).await.close().await;
+    let mut out = Vec::with_capacity(n);
+    for i in 1..=n {
+        out.push(BookieNode::start(&format!("b{i}"), zk, &[]).await);
+    }
+    out
 }

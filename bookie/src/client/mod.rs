@@ -18,6 +18,10 @@
 //! | [`lac`] | the explicit-LAC body written by an idle writer |
 //! | [`master_key`] | the key sent with adds and fences, derived from the ledger password |
 //!
+//! The one exception to "no I/O" is [`driver`]: the async driver that runs
+//! these cores against real bookies and a real metadata store
+//! ([`driver::LedgerClient`], the public entry point).
+//!
 //! # How a driver uses it
 //!
 //! 1. Create: [`metadata::new_ledger`] builds the metadata of a new ledger; the
@@ -44,6 +48,7 @@
 //! bookies, recovery starts at max(LAC, first entry of the last segment − 1):
 //! [`quorum`], [`recovery`]), 4 (readers stop at LAC: [`reader`]).
 
+pub mod driver;
 pub mod lac;
 pub mod master_key;
 pub mod metadata;
