@@ -14,8 +14,10 @@ use cms_broker::managed_ledger::io::{
     EntryCache, ManagedLedger, ManagedLedgerConfig, MlError, SeekTarget,
 };
 use cms_broker::managed_ledger::{CursorConfig, InitialPosition, Position, RolloverPolicy};
-use cms_tests::cluster::{managed_ledger_env, start_bookies};
+use cms_broker::managed_ledger::{CursorLedgerRollover, proto};
+use cms_tests::cluster::{init_store, managed_ledger_env, start_bookies};
 use cms_tests::harness::zookeeper::{ZkConfig, ZooKeeper};
+use prost::Message;
 
 async fn zk() -> ZooKeeper {
     ZooKeeper::start_with(ZkConfig::with_tick_time_ms(1_000)).await
@@ -85,6 +87,22 @@ async fn appends_across_rollovers_read_back_in_order_from_cache_and_bookies() {
         assert_eq!(e.position, positions[i]);
         assert_eq!(e.payload.as_ref(), payload(i).as_slice());
     }
+    // The stored list: every ledger, the earlier ones closed with their final
+    // counts, the last one current.
+    let store = init_store(&zk.connect_string()).await;
+    let (data, _) = store
+        .get("/cms/managed-ledgers/t/ns/persistent/rollover")
+        .await
+        .unwrap();
+    let info = proto::ManagedLedgerInfo::decode(data.as_slice()).unwrap();
+    let stored: Vec<u64> = info.ledgers.iter().map(|l| l.ledger_id).collect();
+    assert_eq!(stored, ledgers.iter().copied().collect::<Vec<_>>());
+    assert_eq!(info.current_ledger_id, stored.last().copied());
+    for l in &info.ledgers[..5] {
+        assert_eq!((l.entries, l.size_bytes), (10, 140), "{l:?}");
+        assert_ne!(l.closed_ms, 0, "{l:?}");
+    }
+
     // A range in the middle, across a ledger boundary.
     let mid = ml.read(positions[8], 5).await.unwrap();
     let got: Vec<Position> = mid.iter().map(|e| e.position).collect();
@@ -311,4 +329,59 @@ async fn a_new_owner_fences_the_old_one_whose_handle_becomes_terminal() {
     assert_eq!(got, acked);
     let next = new.append(payload(20)).await.unwrap();
     assert!(next > *acked.last().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cursor_ledger_rolls_over_and_the_cursor_restores_from_the_newest_one() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let cfg = ManagedLedgerConfig {
+        cursor: CursorConfig {
+            persist_interval_ms: 0,
+            ..CursorConfig::default()
+        },
+        cursor_ledger_rollover: CursorLedgerRollover {
+            entries_max: 2,
+            age_ms_max: 3_600_000,
+        },
+        ..config(1_000)
+    };
+    let (client, store, _) = managed_ledger_env(&zk.connect_string()).await;
+    let node = "/cms/managed-ledgers/t/ns/persistent/cursors/sub";
+    let cursor_ledger = |data: Vec<u8>| proto::CursorInfo::decode(data.as_slice()).unwrap();
+    let ml = open(&zk, "t/ns/cursors", cfg.clone(), EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let first = cursor_ledger(store.get(node).await.unwrap().0).cursor_ledger_id;
+    let p = append_n(&ml, 0, 10).await;
+    for pos in &p[..7] {
+        // Every ack is persisted (interval 0); every 2nd snapshot rolls.
+        sub.ack(*pos).await.unwrap();
+    }
+    let info = cursor_ledger(store.get(node).await.unwrap().0);
+    assert_ne!(info.cursor_ledger_id, first, "cursor ledger rolled");
+    let first = u64::try_from(first).unwrap();
+    assert_eq!(
+        client.ledger_metadata(first).await.unwrap_err(),
+        LedgerError::NoSuchLedger(first),
+        "the old cursor ledger is deleted"
+    );
+    // The node's snapshot is older than the ledger's last entry.
+    let node_md = info.last_snapshot.unwrap().mark_delete.unwrap();
+    assert!(node_md.entry_id < 6, "{node_md:?}");
+    drop(sub);
+    drop(ml);
+    let ml = open(&zk, "t/ns/cursors", cfg, EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Latest)
+        .await
+        .unwrap();
+    assert_eq!(
+        sub.mark_delete().unwrap(),
+        p[6],
+        "restored from the cursor ledger"
+    );
+    assert_eq!(sub.backlog_entries().unwrap(), 3);
 }

@@ -898,6 +898,13 @@ impl ManagedLedger {
         Ok(())
     }
 
+    /// The owner's periodic work (call every second or so): persists the
+    /// cursors whose snapshot is due, then trims.
+    pub async fn tick(&self) -> Result<Vec<u64>, MlError> {
+        self.persist_due_cursors().await?;
+        self.trim().await
+    }
+
     /// Deletes the ledgers trimming allows now (behind the slowest durable
     /// cursor, within retention): stores the list without them first, then
     /// deletes them. Returns the deleted ledger ids.
@@ -1195,5 +1202,56 @@ impl ManagedCursor {
     /// stays restorable from it.
     pub async fn close(&self) -> Result<(), MlError> {
         cursor_io::close(&self.shared, &self.name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_path_puts_persistent_between_namespace_and_topic() {
+        let layout = Layout::new("/cms").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            node_path(&layout, "acme/ns1/orders"),
+            Ok("/cms/managed-ledgers/acme/ns1/persistent/orders".to_string())
+        );
+        for bad in ["acme/ns1", "a/b/c/d", "a//c", ""] {
+            assert_eq!(
+                node_path(&layout, bad),
+                Err(MlError::BadName(bad.to_string()))
+            );
+        }
+    }
+
+    #[test]
+    fn the_stored_record_lists_created_ledgers_before_they_are_current_in_memory() {
+        let mut list = LedgerList::new();
+        list.add_ledger(5, 100).unwrap_or_else(|e| panic!("{e}"));
+        list.record_add(5, 0, 10).unwrap_or_else(|e| panic!("{e}"));
+        let core = Core {
+            list,
+            pending_ledgers: VecDeque::from([(7, 200)]),
+            version: 0,
+            terminal: None,
+            cursors: BTreeMap::new(),
+        };
+        let rec = core.record();
+        let ids: Vec<u64> = rec.ledgers.iter().map(|l| l.ledger_id).collect();
+        assert_eq!(ids, vec![5, 7]);
+        assert_eq!(rec.current_ledger_id, Some(7));
+        assert_eq!(rec.ledgers[0].entries, 1);
+        // The in-memory list still has 5 current (its adds still complete).
+        assert_eq!(core.list.current_ledger_id(), Some(5));
+    }
+
+    #[test]
+    fn only_fenced_ledger_errors_count_as_fenced() {
+        assert!(is_fenced(&LedgerError::Writer(WriterError::Fenced)));
+        assert!(is_fenced(&LedgerError::Add(AddError::Failed(
+            WriterError::Fenced
+        ))));
+        assert!(!is_fenced(&LedgerError::HandleClosed));
+        assert!(!is_fenced(&LedgerError::Add(AddError::Closing)));
     }
 }
