@@ -111,6 +111,29 @@ async fn write_node(
     }
 }
 
+/// Read-modify-CAS rounds of [`claim_node`] lost to a previous owner.
+const CLAIM_ATTEMPTS_MAX: u32 = 10;
+
+/// Reads the cursor node and rewrites it unchanged by CAS, so that a previous
+/// owner can no longer point it at a cursor ledger this owner has not fenced.
+async fn claim_node(shared: &Shared, path: &str) -> Result<(Vec<u8>, Version), MetadataError> {
+    let mut attempts = 0;
+    loop {
+        let (data, stat) = shared.store.get(path).await?;
+        match shared
+            .store
+            .set(path, &data, Expected::Version(stat.version))
+            .await
+        {
+            Ok(stat) => return Ok((data, stat.version)),
+            Err(MetadataError::BadVersion { .. }) if attempts + 1 < CLAIM_ATTEMPTS_MAX => {
+                attempts += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Restores (or creates) durable cursor `name`, gives it a new cursor ledger
 /// holding its snapshot, points the node at it and deletes the old one.
 pub(super) async fn open_durable(
@@ -120,8 +143,8 @@ pub(super) async fn open_durable(
 ) -> Result<(), MlError> {
     let path = join(&shared.path, name);
     let config = shared.config.cursor.clone();
-    let (mut cursor, node_version, old_ledger) = match shared.store.get(&path).await {
-        Ok((data, stat)) => {
+    let (mut cursor, node_version, old_ledger) = match claim_node(shared, &path).await {
+        Ok((data, version)) => {
             let info = proto::CursorInfo::decode(data.as_slice()).map_err(|e| corrupt(&path, e))?;
             let old = u64::try_from(info.cursor_ledger_id).ok();
             let from_ledger = match old {
@@ -134,7 +157,7 @@ pub(super) async fn open_durable(
                     None => Cursor::new(name, initial, &shared.core().list, config),
                 };
             *cursor.cursor_properties_mut() = info.properties.clone();
-            (cursor, Some(stat.version), old)
+            (cursor, Some(version), old)
         }
         Err(MetadataError::NoNode(_)) => (
             Cursor::new(name, initial, &shared.core().list, config),

@@ -597,7 +597,7 @@ impl ManagedLedger {
         cache: EntryCache,
     ) -> Result<ManagedLedger, MlError> {
         let path = node_path(layout, name)?;
-        let (info, version) = read_or_create(&store, &path).await?;
+        let (info, version) = claim(&store, &path).await?;
         let mut list = LedgerList::from_proto(&info).map_err(MlError::List)?;
         for id in list.unclosed_ledger_ids() {
             let (listed_entries, listed_size) = list
@@ -1016,6 +1016,41 @@ async fn delete_node_quietly(store: &dyn MetadataStore, path: &str) -> Result<()
     match store.delete(path, Expected::Any).await {
         Ok(()) | Err(MetadataError::NoNode(_)) => Ok(()),
         Err(e) => Err(MlError::Metadata(e)),
+    }
+}
+
+/// Read-modify-CAS rounds of [`claim`] lost to a concurrent writer before
+/// opening fails.
+const CLAIM_ATTEMPTS_MAX: u32 = 10;
+
+/// Reads (or creates) the node and rewrites it unchanged by CAS: from then on
+/// a previous owner's list update fails on the version (it is fenced from
+/// the list before its ledgers are fenced), so nothing it adds to the list
+/// later escapes this owner's recovery.
+async fn claim(
+    store: &Arc<dyn MetadataStore>,
+    path: &str,
+) -> Result<(proto::ManagedLedgerInfo, Version), MlError> {
+    let mut attempts = 0;
+    loop {
+        let (info, version) = read_or_create(store, path).await?;
+        match store
+            .set(path, &info.encode_to_vec(), Expected::Version(version))
+            .await
+        {
+            Ok(stat) => return Ok((info, stat.version)),
+            Err(MetadataError::BadVersion { .. }) if attempts + 1 < CLAIM_ATTEMPTS_MAX => {
+                attempts += 1;
+                info!(
+                    path,
+                    attempts, "managed ledger node changed while claiming; retrying"
+                );
+            }
+            Err(MetadataError::BadVersion { .. }) => {
+                return Err(MlError::Fenced(path.to_string()));
+            }
+            Err(e) => return Err(MlError::Metadata(e)),
+        }
     }
 }
 
