@@ -313,6 +313,19 @@ pub(super) async fn close(shared: &Shared, name: &str) -> Result<(), MlError> {
         let mut cl = io.lock().await;
         if let Some(h) = cl.handle.take() {
             h.close().await.map_err(|e| ledger_err(shared, e))?;
+            // Refresh the fallback snapshot in the node.
+            let info = {
+                let mut c = shared.core();
+                let slot = c
+                    .cursors
+                    .get_mut(name)
+                    .ok_or_else(|| MlError::NoCursor(name.to_string()))?;
+                slot.cursor.cursor_info(Some(cl.ledger_id)).0
+            };
+            let path = join(&shared.path, name);
+            let mut version = cl.node_version;
+            write_node(shared, &path, &mut version, &info).await?;
+            cl.node_version = version;
         }
     }
     Ok(())

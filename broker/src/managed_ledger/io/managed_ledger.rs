@@ -1139,7 +1139,11 @@ impl ManagedCursor {
     /// Reads up to `count_max` entries after the read position, skipping
     /// acknowledged ones, and moves the read position past them.
     pub async fn read_next(&self, count_max: usize) -> Result<Vec<Entry>, MlError> {
-        let from = self.with(|s, l| l.next_valid_position(s.read_after))?;
+        let from = self.with(|s, l| {
+            // Acks may have moved the mark-delete past what was read.
+            s.read_after = s.read_after.max(s.cursor.mark_delete());
+            l.next_valid_position(s.read_after)
+        })?;
         let Some(from) = from else {
             return Ok(Vec::new());
         };

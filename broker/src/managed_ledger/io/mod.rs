@@ -18,7 +18,15 @@
 //!   allows, after the list without them is stored.
 //!
 //! Decisions (rollover, persistence rate, trimming, publish-time search) stay
-//! in the core; this module only reads, writes and sequences.
+//! in the core; this module only reads, writes and sequences. It starts no
+//! timer: the owner calls [`ManagedLedger::tick`] periodically (due cursor
+//! snapshots, trimming).
+//!
+//! Not yet: a ledger write error other than `Fenced` makes the handle
+//! terminal (no close-and-resend on a new ledger); rollover is decided on
+//! append only (an idle ledger past its age is rolled by the next append);
+//! catch-up reads have no read-ahead; TTL expiry is not driven; the
+//! dropped-ranges count is not exported as a metric.
 
 pub mod cache;
 mod cursor_io;
