@@ -174,6 +174,9 @@ pub(super) struct Core {
     version: Version,
     terminal: Option<MlError>,
     pub(super) cursors: BTreeMap<String, CursorSlot>,
+    /// Ledgers trimmed from the list, deleted once a list without them is
+    /// stored.
+    trimmed: Vec<u64>,
 }
 
 impl Core {
@@ -648,6 +651,7 @@ impl ManagedLedger {
                 version,
                 terminal: None,
                 cursors: BTreeMap::new(),
+                trimmed: Vec::new(),
             }),
             meta_lock: tokio::sync::Mutex::new(()),
             writer: tokio::sync::Mutex::new(WriterState {
@@ -925,12 +929,15 @@ impl ManagedLedger {
             for id in &ids {
                 c.list.remove_ledger(*id).map_err(MlError::List)?;
             }
-            ids
+            // With those a failed earlier store left behind.
+            c.trimmed.extend(ids);
+            c.trimmed.clone()
         };
         if ids.is_empty() {
             return Ok(ids);
         }
         s.persist_list().await?;
+        s.core().trimmed.retain(|id| !ids.contains(id));
         for id in &ids {
             lock(&s.readers).remove(id);
             s.cache.evict_ledger(s.cache_id, *id);
@@ -1274,6 +1281,7 @@ mod tests {
             version: 0,
             terminal: None,
             cursors: BTreeMap::new(),
+            trimmed: Vec::new(),
         };
         let rec = core.record();
         let ids: Vec<u64> = rec.ledgers.iter().map(|l| l.ledger_id).collect();
