@@ -190,3 +190,14 @@ pub async fn start_bookies(zk: &str, n: usize) -> Vec<BookieNode> {
     }
     out
 }
+
+/// What a managed ledger needs in process tests: a ledger client with test
+/// timeouts and a metadata store, each in its own ZooKeeper session (a "broker").
+pub async fn managed_ledger_env(zk: &str) -> (LedgerClient, Arc<dyn MetadataStore>, Layout) {
+    let store = init_store(zk).await;
+    let layout = Layout::new(ROOT).unwrap_or_else(|e| panic!("{e}"));
+    let client = LedgerClient::connect(store.clone(), layout.clone(), ledger_client_options())
+        .await
+        .unwrap_or_else(|e| panic!("ledger client: {e}"));
+    (client, store, layout)
+}

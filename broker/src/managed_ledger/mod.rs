@@ -22,6 +22,8 @@ pub mod range_set;
 pub mod rollover;
 pub mod trim;
 
+pub mod io;
+
 pub use cursor::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition, Snapshot,
     newest_snapshot, ttl_cutoff_ms,

@@ -1,0 +1,1304 @@
+//! [`ManagedLedger`]: a topic as a sequence of ledgers, opened by one owner,
+//! with pipelined in-order appends, reads across ledger boundaries, a tailing
+//! wait, cursors ([`ManagedCursor`]), trimming and deletion.
+//!
+//! Promises: see the parent module. Appends are submitted to the current
+//! ledger's writer under one lock (entry order = submission order) and
+//! completed by one completion task in submission order, which also records
+//! them in the in-memory ledger list, so the list never holds an entry that
+//! was not acknowledged. A rollover creates the next ledger and stores it in
+//! the list before any write to it (appends wait for that one create and CAS
+//! only); the previous ledger is closed once its own adds completed.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use cms_bookie::client::driver::{LedgerClient, LedgerError, PendingAdd, ReadHandle, WriteHandle};
+use cms_bookie::client::writer::{AddError, WriterError};
+use cms_bookie::metadata::layout::Layout;
+use cms_bookie::metadata::{CreateMode, Expected, MetadataError, MetadataStore, Version, join};
+use prost::Message;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{info, warn};
+
+use super::cache::EntryCache;
+use super::cursor_io::{self, CursorLedger};
+use crate::managed_ledger::{
+    AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
+    LedgerList, LedgerListError, Position, PublishTimeSearch, RetentionPolicy, RolloverDecision,
+    RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers, proto,
+};
+
+/// Settings of one managed ledger (broker defaults, overridable per namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedLedgerConfig {
+    /// Ensemble size E of every ledger (data and cursor ledgers).
+    pub ensemble_size: usize,
+    /// Write quorum Qw.
+    pub write_quorum: usize,
+    /// Ack quorum Qa.
+    pub ack_quorum: usize,
+    /// Password of the ledgers.
+    pub password: Vec<u8>,
+    /// When the current ledger is replaced.
+    pub rollover: RolloverPolicy,
+    /// Cursor persistence settings.
+    pub cursor: CursorConfig,
+    /// When a cursor's own ledger is replaced.
+    pub cursor_ledger_rollover: CursorLedgerRollover,
+    /// Retention of consumed ledgers.
+    pub retention: RetentionPolicy,
+    /// Appends submitted and not yet completed, at most (appends wait beyond).
+    pub pending_appends_max: usize,
+}
+
+impl Default for ManagedLedgerConfig {
+    fn default() -> Self {
+        Self {
+            ensemble_size: 3,
+            write_quorum: 3,
+            ack_quorum: 2,
+            password: b"cms-managed-ledger".to_vec(),
+            rollover: RolloverPolicy::default(),
+            cursor: CursorConfig::default(),
+            cursor_ledger_rollover: CursorLedgerRollover::default(),
+            retention: RetentionPolicy::default(),
+            pending_appends_max: 10_000,
+        }
+    }
+}
+
+/// Why a managed-ledger call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MlError {
+    /// The name is not `tenant/namespace/topic`.
+    #[error("bad managed ledger name {0:?}: want tenant/namespace/topic")]
+    BadName(String),
+    /// Another owner took over (a fenced ledger or a version conflict on the
+    /// list): the handle is terminal.
+    #[error("managed ledger {0} is fenced: another owner took over")]
+    Fenced(String),
+    /// The managed ledger was closed or deleted by this owner.
+    #[error("managed ledger {0} is closed")]
+    Closed(String),
+    /// A ledger client call failed.
+    #[error("ledger client: {0}")]
+    Ledger(LedgerError),
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Metadata(MetadataError),
+    /// A stored record cannot be decoded.
+    #[error("corrupt record at {path}: {reason}")]
+    Corrupt {
+        /// The node or ledger.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The ledger list refused a change.
+    #[error(transparent)]
+    List(LedgerListError),
+    /// A cursor operation was refused.
+    #[error(transparent)]
+    Cursor(CursorError),
+    /// No open cursor of that name.
+    #[error("no open cursor {0:?}")]
+    NoCursor(String),
+    /// The entry cannot be read (past what the bookies can serve).
+    #[error("entry {0} cannot be read now")]
+    NotReadable(Position),
+    /// The publish-time search was fed wrongly (a driver bug).
+    #[error(transparent)]
+    Search(SearchError),
+}
+
+/// One entry read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its position.
+    pub position: Position,
+    /// The bytes appended.
+    pub payload: Bytes,
+}
+
+/// Where [`ManagedCursor::seek`] moves a cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// Before the first stored entry.
+    Earliest,
+    /// After the last confirmed entry.
+    Latest,
+    /// So that the next entry delivered is the first at or after this position.
+    Position(Position),
+}
+
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+pub(super) fn is_fenced(e: &LedgerError) -> bool {
+    matches!(
+        e,
+        LedgerError::Writer(WriterError::Fenced)
+            | LedgerError::Add(AddError::Failed(WriterError::Fenced))
+    )
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A cursor as held by its managed ledger.
+pub(super) struct CursorSlot {
+    pub(super) cursor: Cursor,
+    /// Durable cursors hold data back from trimming and are persisted.
+    pub(super) durable: bool,
+    /// The last position read through this cursor.
+    pub(super) read_after: Position,
+    /// The cursor's own ledger (durable cursors only).
+    pub(super) io: Option<Arc<tokio::sync::Mutex<CursorLedger>>>,
+}
+
+pub(super) struct Core {
+    /// Confirmed entries only (what reads and cursors see).
+    pub(super) list: LedgerList,
+    /// Ledgers created and stored in the list but not yet current in `list`
+    /// (their predecessor still has adds in flight).
+    pending_ledgers: VecDeque<(u64, u64)>,
+    /// Version of the managed-ledger node.
+    version: Version,
+    terminal: Option<MlError>,
+    pub(super) cursors: BTreeMap<String, CursorSlot>,
+    /// Ledgers trimmed from the list, deleted once a list without them is
+    /// stored.
+    trimmed: Vec<u64>,
+}
+
+impl Core {
+    fn record(&self) -> proto::ManagedLedgerInfo {
+        let mut l = self.list.clone();
+        for (id, ctime) in &self.pending_ledgers {
+            // Ascending by construction; a refusal would only drop a ledger
+            // that was never written.
+            let _ = l.add_ledger(*id, *ctime);
+        }
+        l.to_proto()
+    }
+}
+
+struct WriterState {
+    handle: Option<WriteHandle>,
+    ledger_id: u64,
+    ctime_ms: u64,
+    entries: u64,
+    size_bytes: u64,
+    tx: mpsc::Sender<Completion>,
+}
+
+enum Completion {
+    Add {
+        ledger_id: u64,
+        pending: PendingAdd,
+        payload: Bytes,
+        reply: oneshot::Sender<Result<Position, MlError>>,
+    },
+    Roll {
+        old: WriteHandle,
+        new_ledger_id: u64,
+        new_ctime_ms: u64,
+    },
+    Close {
+        handle: WriteHandle,
+        reply: oneshot::Sender<Result<(), MlError>>,
+    },
+}
+
+pub(super) struct Shared {
+    pub(super) name: String,
+    pub(super) path: String,
+    pub(super) client: LedgerClient,
+    pub(super) store: Arc<dyn MetadataStore>,
+    pub(super) config: ManagedLedgerConfig,
+    cache: EntryCache,
+    cache_id: u64,
+    pub(super) core: Mutex<Core>,
+    meta_lock: tokio::sync::Mutex<()>,
+    writer: tokio::sync::Mutex<WriterState>,
+    confirmed: watch::Sender<Position>,
+    readers: Mutex<HashMap<u64, ReadHandle>>,
+}
+
+/// An open managed ledger (cheap to clone; clones share it). Dropping every
+/// clone without [`ManagedLedger::close`] is a crash: the next owner recovers.
+#[derive(Clone)]
+pub struct ManagedLedger {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ManagedLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedLedger")
+            .field("name", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The completion of an append submitted with [`ManagedLedger::append_pipelined`].
+#[derive(Debug)]
+pub struct PendingAppend {
+    rx: oneshot::Receiver<Result<Position, MlError>>,
+    name: String,
+}
+
+impl PendingAppend {
+    /// Waits for the append's position (completions come in submission order).
+    pub async fn wait(self) -> Result<Position, MlError> {
+        self.rx.await.unwrap_or(Err(MlError::Closed(self.name)))
+    }
+}
+
+/// The node path of managed ledger `name` (`tenant/ns/topic`).
+pub fn node_path(layout: &Layout, name: &str) -> Result<String, MlError> {
+    let parts: Vec<&str> = name.split('/').collect();
+    match parts.as_slice() {
+        [t, ns, topic] if !t.is_empty() && !ns.is_empty() && !topic.is_empty() => Ok(format!(
+            "{}/{t}/{ns}/persistent/{topic}",
+            layout.managed_ledgers()
+        )),
+        _ => Err(MlError::BadName(name.to_string())),
+    }
+}
+
+impl Shared {
+    pub(super) fn core(&self) -> MutexGuard<'_, Core> {
+        lock(&self.core)
+    }
+
+    fn terminal(&self) -> Option<MlError> {
+        self.core().terminal.clone()
+    }
+
+    /// Enters the terminal state (first reason wins).
+    pub(super) fn set_terminal(&self, e: MlError) -> MlError {
+        let mut c = self.core();
+        let e = c.terminal.get_or_insert(e).clone();
+        drop(c);
+        warn!(managed_ledger = %self.name, error = %e, "managed ledger terminal");
+        // Wake tailing readers.
+        self.confirmed.send_modify(|_| {});
+        e
+    }
+
+    pub(super) fn fenced(&self) -> MlError {
+        self.set_terminal(MlError::Fenced(self.name.clone()))
+    }
+
+    pub(super) async fn create_ledger(&self) -> Result<WriteHandle, MlError> {
+        let c = &self.config;
+        let mut custom = HashMap::new();
+        custom.insert(
+            "managed-ledger".to_string(),
+            Bytes::from(self.name.clone().into_bytes()),
+        );
+        self.client
+            .create_ledger(
+                c.ensemble_size,
+                c.write_quorum,
+                c.ack_quorum,
+                &c.password,
+                custom,
+            )
+            .await
+            .map_err(MlError::Ledger)
+    }
+
+    /// Stores the list (read-modify-CAS against the version this owner
+    /// holds); a version conflict fences this owner.
+    async fn persist_list(&self) -> Result<(), MlError> {
+        let _g = self.meta_lock.lock().await;
+        if let Some(MlError::Fenced(n)) = self.terminal() {
+            return Err(MlError::Fenced(n));
+        }
+        let (data, version) = {
+            let c = self.core();
+            (c.record().encode_to_vec(), c.version)
+        };
+        match self
+            .store
+            .set(&self.path, &data, Expected::Version(version))
+            .await
+        {
+            Ok(stat) => {
+                self.core().version = stat.version;
+                Ok(())
+            }
+            Err(MetadataError::BadVersion { .. } | MetadataError::NoNode(_)) => Err(self.fenced()),
+            Err(e) => Err(MlError::Metadata(e)),
+        }
+    }
+
+    fn cursor_read_floor(&self) -> Option<Position> {
+        self.core().cursors.values().map(|s| s.read_after).min()
+    }
+
+    fn evict_read(&self) {
+        if let Some(p) = self.cursor_read_floor() {
+            self.cache.evict_up_to(self.cache_id, p);
+        }
+    }
+
+    async fn reader(&self, ledger_id: u64) -> Result<ReadHandle, MlError> {
+        if let Some(h) = lock(&self.readers).get(&ledger_id) {
+            return Ok(h.clone());
+        }
+        let h = self
+            .client
+            .open_ledger(ledger_id, false)
+            .await
+            .map_err(MlError::Ledger)?;
+        lock(&self.readers).insert(ledger_id, h.clone());
+        Ok(h)
+    }
+
+    /// Reads entries `first..=last` of `ledger_id` from the bookies.
+    async fn read_bookies(
+        &self,
+        ledger_id: u64,
+        first: i64,
+        last: i64,
+    ) -> Result<Vec<Entry>, MlError> {
+        let h = self.reader(ledger_id).await?;
+        let mut tries = 0;
+        while h.last_readable() < last {
+            let lr = h.read_lac().await.map_err(MlError::Ledger)?;
+            if lr >= last {
+                break;
+            }
+            tries += 1;
+            if tries > 10 {
+                return Err(MlError::NotReadable(Position::new(ledger_id, last)));
+            }
+            h.wait_lac_above(lr, 500).await.map_err(MlError::Ledger)?;
+        }
+        let entries = h.read(first, last).await.map_err(MlError::Ledger)?;
+        Ok(entries
+            .into_iter()
+            .map(|e| Entry {
+                position: Position::new(ledger_id, e.entry_id),
+                payload: e.payload,
+            })
+            .collect())
+    }
+
+    /// Reads up to `count_max` entries at or after `from`, in order.
+    pub(super) async fn read(
+        &self,
+        from: Position,
+        count_max: usize,
+    ) -> Result<Vec<Entry>, MlError> {
+        // Plan contiguous runs per ledger from the confirmed list.
+        let mut runs: Vec<(u64, i64, i64)> = Vec::new();
+        {
+            let c = self.core();
+            let list = &c.list;
+            let mut next = if list.contains_entry(from) {
+                Some(from)
+            } else {
+                list.next_valid_position(Position::new(
+                    from.ledger_id,
+                    from.entry_id.saturating_sub(1),
+                ))
+            };
+            let mut left = count_max;
+            while let (Some(pos), true) = (next, left > 0) {
+                let Some(last) = list.ledger(pos.ledger_id).and_then(|l| l.last_entry()) else {
+                    break;
+                };
+                let n = i64::try_from(left).unwrap_or(i64::MAX);
+                let end = last.entry_id.min(pos.entry_id.saturating_add(n - 1));
+                runs.push((pos.ledger_id, pos.entry_id, end));
+                left -= usize::try_from(end - pos.entry_id + 1).unwrap_or(left);
+                next = list.next_valid_position(Position::new(pos.ledger_id, end));
+            }
+        }
+        let mut out = Vec::new();
+        for (ledger_id, first, last) in runs {
+            let mut e = first;
+            while e <= last {
+                let pos = Position::new(ledger_id, e);
+                if let Some(payload) = self.cache.get(self.cache_id, pos) {
+                    out.push(Entry {
+                        position: pos,
+                        payload,
+                    });
+                    e += 1;
+                    continue;
+                }
+                // A run of misses: read it from the bookies (catch-up reads
+                // are not cached).
+                let mut miss_end = e;
+                while miss_end < last
+                    && self
+                        .cache
+                        .get(self.cache_id, Position::new(ledger_id, miss_end + 1))
+                        .is_none()
+                {
+                    miss_end += 1;
+                }
+                out.extend(self.read_bookies(ledger_id, e, miss_end).await?);
+                e = miss_end + 1;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn completion_task(weak: Weak<Shared>, mut rx: mpsc::Receiver<Completion>) {
+        while let Some(item) = rx.recv().await {
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            match item {
+                Completion::Add {
+                    ledger_id,
+                    pending,
+                    payload,
+                    reply,
+                } => {
+                    let r = shared.complete_add(ledger_id, pending, payload).await;
+                    let _ = reply.send(r);
+                }
+                Completion::Roll {
+                    old,
+                    new_ledger_id,
+                    new_ctime_ms,
+                } => shared.complete_roll(old, new_ledger_id, new_ctime_ms).await,
+                Completion::Close { handle, reply } => {
+                    let _ = reply.send(shared.complete_close(handle).await);
+                }
+            }
+        }
+    }
+
+    async fn complete_add(
+        &self,
+        ledger_id: u64,
+        pending: PendingAdd,
+        payload: Bytes,
+    ) -> Result<Position, MlError> {
+        let r = pending.await;
+        if let Some(t) = self.terminal() {
+            return Err(t);
+        }
+        let entry_id = match r {
+            Ok(id) => id,
+            Err(e) if is_fenced(&e) => return Err(self.fenced()),
+            Err(e) => return Err(self.set_terminal(MlError::Ledger(e))),
+        };
+        let size = u64::try_from(payload.len()).unwrap_or(u64::MAX);
+        let pos = {
+            let mut c = self.core();
+            match c.list.record_add(ledger_id, entry_id, size) {
+                Ok(p) => p,
+                Err(e) => {
+                    drop(c);
+                    return Err(self.set_terminal(MlError::List(e)));
+                }
+            }
+        };
+        self.cache.insert(self.cache_id, pos, payload);
+        self.confirmed.send_replace(pos);
+        Ok(pos)
+    }
+
+    async fn complete_roll(&self, old: WriteHandle, new_ledger_id: u64, new_ctime_ms: u64) {
+        if self.terminal().is_some() {
+            return;
+        }
+        let old_id = old.ledger_id();
+        match old.close().await {
+            Ok(_) => {}
+            Err(e) if is_fenced(&e) => {
+                self.fenced();
+                return;
+            }
+            Err(e) => {
+                self.set_terminal(MlError::Ledger(e));
+                return;
+            }
+        }
+        let r = {
+            let mut c = self.core();
+            let (entries, size) = c
+                .list
+                .ledger(old_id)
+                .map_or((0, 0), |l| (l.entries, l.size_bytes));
+            let r = c
+                .list
+                .record_closed(old_id, entries, size, now_ms())
+                .and_then(|()| {
+                    c.pending_ledgers.pop_front();
+                    c.list.add_ledger(new_ledger_id, new_ctime_ms)
+                });
+            let last = c.list.last_confirmed_position();
+            drop(c);
+            self.confirmed.send_replace(last);
+            r
+        };
+        if let Err(e) = r {
+            self.set_terminal(MlError::List(e));
+            return;
+        }
+        info!(managed_ledger = %self.name, ledger = old_id, next = new_ledger_id, "ledger rolled over");
+        if let Err(e) = self.persist_list().await {
+            warn!(managed_ledger = %self.name, error = %e, "storing the list after a rollover failed");
+        }
+    }
+
+    async fn complete_close(&self, handle: WriteHandle) -> Result<(), MlError> {
+        if let Some(t) = self.terminal() {
+            return Err(t);
+        }
+        let id = handle.ledger_id();
+        handle.close().await.map_err(|e| {
+            if is_fenced(&e) {
+                self.fenced()
+            } else {
+                MlError::Ledger(e)
+            }
+        })?;
+        {
+            let mut c = self.core();
+            let (entries, size) = c
+                .list
+                .ledger(id)
+                .map_or((0, 0), |l| (l.entries, l.size_bytes));
+            c.list
+                .record_closed(id, entries, size, now_ms())
+                .map_err(MlError::List)?;
+        }
+        self.persist_list().await
+    }
+}
+
+impl ManagedLedger {
+    /// Opens managed ledger `name` (`tenant/ns/topic`) as its owner: reads
+    /// (or creates) its node, recovery-opens every listed ledger that is not
+    /// closed, stores a new current ledger in the list, and restores every
+    /// durable cursor stored under the node. `cache` is the broker's entry
+    /// cache, shared by all its managed ledgers.
+    pub async fn open(
+        client: LedgerClient,
+        store: Arc<dyn MetadataStore>,
+        layout: &Layout,
+        name: &str,
+        config: ManagedLedgerConfig,
+        cache: EntryCache,
+    ) -> Result<ManagedLedger, MlError> {
+        let path = node_path(layout, name)?;
+        let (info, version) = claim(&store, &path).await?;
+        let mut list = LedgerList::from_proto(&info).map_err(MlError::List)?;
+        for id in list.unclosed_ledger_ids() {
+            let (listed_entries, listed_size) = list
+                .ledger(id)
+                .map_or((0, 0), |l| (l.entries, l.size_bytes));
+            let (entries, size) = match client.open_ledger(id, true).await {
+                Ok(h) => {
+                    let md = h.metadata();
+                    (
+                        u64::try_from(md.last_entry_id.saturating_add(1)).unwrap_or(0),
+                        md.length,
+                    )
+                }
+                Err(LedgerError::NoSuchLedger(_)) => {
+                    warn!(
+                        managed_ledger = name,
+                        ledger = id,
+                        "listed ledger has no metadata"
+                    );
+                    (listed_entries, listed_size)
+                }
+                Err(e) => return Err(MlError::Ledger(e)),
+            };
+            list.record_closed(id, entries, size, now_ms())
+                .map_err(MlError::List)?;
+            info!(
+                managed_ledger = name,
+                ledger = id,
+                entries,
+                "recovered ledger closed"
+            );
+        }
+        let shared_client = client.clone();
+        let (tx, rx) = mpsc::channel(config.pending_appends_max.max(1));
+        let cache_id = cache.register();
+        let last = list.last_confirmed_position();
+        let shared = Arc::new(Shared {
+            name: name.to_string(),
+            path,
+            client: shared_client,
+            store,
+            config,
+            cache,
+            cache_id,
+            core: Mutex::new(Core {
+                list,
+                pending_ledgers: VecDeque::new(),
+                version,
+                terminal: None,
+                cursors: BTreeMap::new(),
+                trimmed: Vec::new(),
+            }),
+            meta_lock: tokio::sync::Mutex::new(()),
+            writer: tokio::sync::Mutex::new(WriterState {
+                handle: None,
+                ledger_id: 0,
+                ctime_ms: 0,
+                entries: 0,
+                size_bytes: 0,
+                tx,
+            }),
+            confirmed: watch::channel(last).0,
+            readers: Mutex::new(HashMap::new()),
+        });
+        // The first ledger of this owner: in the list before its first write.
+        let handle = shared.create_ledger().await?;
+        let ctime = now_ms();
+        shared
+            .core()
+            .pending_ledgers
+            .push_back((handle.ledger_id(), ctime));
+        if let Err(e) = shared.persist_list().await {
+            let _ = client.delete_ledger(handle.ledger_id()).await;
+            return Err(e);
+        }
+        {
+            let mut c = shared.core();
+            c.pending_ledgers.clear();
+            c.list
+                .add_ledger(handle.ledger_id(), ctime)
+                .map_err(MlError::List)?;
+        }
+        {
+            let mut w = shared.writer.lock().await;
+            w.ledger_id = handle.ledger_id();
+            w.ctime_ms = ctime;
+            w.handle = Some(handle);
+        }
+        tokio::spawn(Shared::completion_task(Arc::downgrade(&shared), rx));
+        let ml = ManagedLedger { shared };
+        // Durable cursors stored under the node.
+        let names = ml
+            .shared
+            .store
+            .children(&ml.shared.path)
+            .await
+            .map_err(MlError::Metadata)?;
+        for cursor in names {
+            ml.open_cursor(&cursor, InitialPosition::Latest).await?;
+        }
+        info!(managed_ledger = name, "managed ledger opened");
+        Ok(ml)
+    }
+
+    /// The name (`tenant/ns/topic`).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// A copy of the confirmed ledger list.
+    pub fn ledgers(&self) -> LedgerList {
+        self.shared.core().list.clone()
+    }
+
+    /// The last confirmed position.
+    pub fn last_confirmed(&self) -> Position {
+        self.shared.core().list.last_confirmed_position()
+    }
+
+    /// The terminal error, if the handle is terminal (fenced, closed, failed).
+    pub fn terminal_error(&self) -> Option<MlError> {
+        self.shared.terminal()
+    }
+
+    /// Submits an append; returns once it has its place (entry order =
+    /// order of these calls). Rolls the current ledger first when the policy
+    /// says so (waiting for one ledger create and list store).
+    pub async fn append_pipelined(
+        &self,
+        payload: impl Into<Bytes>,
+    ) -> Result<PendingAppend, MlError> {
+        let payload = payload.into();
+        let s = &self.shared;
+        let mut w = s.writer.lock().await;
+        if let Some(t) = s.terminal() {
+            return Err(t);
+        }
+        let decision = s
+            .config
+            .rollover
+            .decide(w.entries, w.size_bytes, w.ctime_ms, now_ms());
+        if let RolloverDecision::Roll(reason) = decision {
+            info!(managed_ledger = %s.name, ledger = w.ledger_id, ?reason, "rolling over");
+            self.roll(&mut w).await?;
+        }
+        let Some(handle) = w.handle.clone() else {
+            return Err(s.terminal().unwrap_or(MlError::Closed(s.name.clone())));
+        };
+        let pending = match handle.add_pipelined(payload.clone()).await {
+            Ok(p) => p,
+            Err(e) if is_fenced(&e) => return Err(s.fenced()),
+            Err(e) => return Err(s.set_terminal(MlError::Ledger(e))),
+        };
+        w.entries += 1;
+        w.size_bytes = w
+            .size_bytes
+            .saturating_add(u64::try_from(payload.len()).unwrap_or(u64::MAX));
+        let (reply, rx) = oneshot::channel();
+        let item = Completion::Add {
+            ledger_id: w.ledger_id,
+            pending,
+            payload,
+            reply,
+        };
+        if w.tx.send(item).await.is_err() {
+            return Err(MlError::Closed(s.name.clone()));
+        }
+        Ok(PendingAppend {
+            rx,
+            name: s.name.clone(),
+        })
+    }
+
+    /// Appends `payload` and waits for its position.
+    pub async fn append(&self, payload: impl Into<Bytes>) -> Result<Position, MlError> {
+        self.append_pipelined(payload).await?.wait().await
+    }
+
+    async fn roll(&self, w: &mut WriterState) -> Result<(), MlError> {
+        let s = &self.shared;
+        let new = match s.create_ledger().await {
+            Ok(h) => h,
+            Err(e) => {
+                // Keep appending to the current ledger; retried on the next append.
+                warn!(managed_ledger = %s.name, error = %e, "rollover: ledger create failed");
+                return Ok(());
+            }
+        };
+        let ctime = now_ms();
+        let new_ledger_id = new.ledger_id();
+        s.core().pending_ledgers.push_back((new_ledger_id, ctime));
+        if let Err(e) = s.persist_list().await {
+            s.core()
+                .pending_ledgers
+                .retain(|(id, _)| *id != new.ledger_id());
+            let _ = s.client.delete_ledger(new.ledger_id()).await;
+            return match e {
+                MlError::Fenced(_) => Err(e),
+                other => {
+                    warn!(managed_ledger = %s.name, error = %other, "rollover: storing the list failed");
+                    Ok(())
+                }
+            };
+        }
+        let Some(old) = w.handle.replace(new) else {
+            return Err(MlError::Closed(s.name.clone()));
+        };
+        w.ledger_id = new_ledger_id;
+        w.ctime_ms = ctime;
+        w.entries = 0;
+        w.size_bytes = 0;
+        w.tx.send(Completion::Roll {
+            old,
+            new_ledger_id: w.ledger_id,
+            new_ctime_ms: ctime,
+        })
+        .await
+        .map_err(|_| MlError::Closed(s.name.clone()))
+    }
+
+    /// Reads up to `count_max` confirmed entries at or after `from`, across
+    /// ledger boundaries, in order (from the cache where possible).
+    pub async fn read(&self, from: Position, count_max: usize) -> Result<Vec<Entry>, MlError> {
+        self.shared.read(from, count_max).await
+    }
+
+    /// Waits (at most `timeout_ms`) until an entry after `pos` is confirmed;
+    /// returns the last confirmed position then (unchanged on timeout).
+    /// Returns the terminal error if the handle becomes terminal.
+    pub async fn wait_for_entry_after(
+        &self,
+        pos: Position,
+        timeout_ms: u64,
+    ) -> Result<Position, MlError> {
+        let mut rx = self.shared.confirmed.subscribe();
+        let wait = async {
+            loop {
+                if let Some(t) = self.shared.terminal() {
+                    return Err(t);
+                }
+                let last = self.last_confirmed();
+                if last > pos && self.shared.core().list.next_valid_position(pos).is_some() {
+                    return Ok(last);
+                }
+                if rx.changed().await.is_err() {
+                    return Err(MlError::Closed(self.shared.name.clone()));
+                }
+            }
+        };
+        match tokio::time::timeout(std::time::Duration::from_millis(timeout_ms), wait).await {
+            Ok(r) => r,
+            Err(_) => Ok(self.last_confirmed()),
+        }
+    }
+
+    /// Opens (restores or creates) durable cursor `name`; a new cursor starts
+    /// at `initial`. Opening an open cursor returns it.
+    pub async fn open_cursor(
+        &self,
+        name: &str,
+        initial: InitialPosition,
+    ) -> Result<ManagedCursor, MlError> {
+        if !self.shared.core().cursors.contains_key(name) {
+            cursor_io::open_durable(&self.shared, name, initial).await?;
+        }
+        Ok(ManagedCursor {
+            shared: self.shared.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    /// Opens a non-durable cursor (a reader): never persisted, holds no data
+    /// back from trimming.
+    pub fn open_non_durable_cursor(&self, name: &str, initial: InitialPosition) -> ManagedCursor {
+        let mut c = self.shared.core();
+        let cursor = Cursor::new(name, initial, &c.list, self.shared.config.cursor.clone());
+        let read_after = cursor.mark_delete();
+        c.cursors.insert(
+            name.to_string(),
+            CursorSlot {
+                cursor,
+                durable: false,
+                read_after,
+                io: None,
+            },
+        );
+        ManagedCursor {
+            shared: self.shared.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// Persists every durable cursor whose snapshot is due (call periodically).
+    pub async fn persist_due_cursors(&self) -> Result<(), MlError> {
+        let names: Vec<String> = self.shared.core().cursors.keys().cloned().collect();
+        for n in names {
+            cursor_io::persist(&self.shared, &n, false).await?;
+        }
+        Ok(())
+    }
+
+    /// The owner's periodic work (call every second or so): persists the
+    /// cursors whose snapshot is due, then trims.
+    pub async fn tick(&self) -> Result<Vec<u64>, MlError> {
+        self.persist_due_cursors().await?;
+        self.trim().await
+    }
+
+    /// Deletes the ledgers trimming allows now (behind the slowest durable
+    /// cursor, within retention): stores the list without them first, then
+    /// deletes them. Returns the deleted ledger ids.
+    pub async fn trim(&self) -> Result<Vec<u64>, MlError> {
+        let s = &self.shared;
+        if let Some(t) = s.terminal() {
+            return Err(t);
+        }
+        let ids = {
+            let mut c = s.core();
+            let slowest = c
+                .cursors
+                .values()
+                .filter(|x| x.durable)
+                .map(|x| x.cursor.mark_delete())
+                .min();
+            let ids = deletable_ledgers(&c.list, slowest, &s.config.retention, now_ms());
+            for id in &ids {
+                c.list.remove_ledger(*id).map_err(MlError::List)?;
+            }
+            // With those a failed earlier store left behind.
+            c.trimmed.extend(ids);
+            c.trimmed.clone()
+        };
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        s.persist_list().await?;
+        s.core().trimmed.retain(|id| !ids.contains(id));
+        for id in &ids {
+            lock(&s.readers).remove(id);
+            s.cache.evict_ledger(s.cache_id, *id);
+            match s.client.delete_ledger(*id).await {
+                Ok(()) | Err(LedgerError::NoSuchLedger(_)) => {}
+                Err(e) => {
+                    warn!(managed_ledger = %s.name, ledger = id, error = %e, "trim: delete failed")
+                }
+            }
+        }
+        info!(managed_ledger = %s.name, ledgers = ?ids, "trimmed");
+        Ok(ids)
+    }
+
+    /// Closes: persists every cursor, closes the current ledger and stores
+    /// the list with it closed. The handle is terminal afterwards.
+    pub async fn close(&self) -> Result<(), MlError> {
+        let s = &self.shared;
+        let names: Vec<String> = s.core().cursors.keys().cloned().collect();
+        for n in names {
+            cursor_io::close(s, &n).await?;
+        }
+        let mut w = s.writer.lock().await;
+        if let Some(handle) = w.handle.take() {
+            let (reply, rx) = oneshot::channel();
+            w.tx.send(Completion::Close { handle, reply })
+                .await
+                .map_err(|_| MlError::Closed(s.name.clone()))?;
+            rx.await.unwrap_or(Err(MlError::Closed(s.name.clone())))?;
+        }
+        s.set_terminal(MlError::Closed(s.name.clone()));
+        s.cache.evict_all(s.cache_id);
+        Ok(())
+    }
+
+    /// Deletes the whole managed ledger: its cursors (their nodes and
+    /// ledgers), its ledgers and its node. The handle is terminal afterwards.
+    pub async fn delete(&self) -> Result<(), MlError> {
+        let s = &self.shared;
+        s.set_terminal(MlError::Closed(s.name.clone()));
+        let handle = s.writer.lock().await.handle.take();
+        drop(handle);
+        let cursors: Vec<(String, Option<Arc<tokio::sync::Mutex<CursorLedger>>>)> = {
+            let mut c = s.core();
+            std::mem::take(&mut c.cursors)
+                .into_iter()
+                .map(|(n, slot)| (n, slot.io))
+                .collect()
+        };
+        for (n, io) in cursors {
+            if let Some(io) = io {
+                let id = io.lock().await.ledger_id;
+                delete_ledger_quietly(&s.client, id).await;
+            }
+            delete_node_quietly(&*s.store, &join(&s.path, &n)).await?;
+        }
+        // Cursor nodes of cursors never opened here.
+        for n in s.store.children(&s.path).await.map_err(MlError::Metadata)? {
+            delete_node_quietly(&*s.store, &join(&s.path, &n)).await?;
+        }
+        let ids: Vec<u64> = {
+            let c = s.core();
+            c.record().ledgers.iter().map(|l| l.ledger_id).collect()
+        };
+        for id in ids {
+            delete_ledger_quietly(&s.client, id).await;
+        }
+        delete_node_quietly(&*s.store, &s.path).await?;
+        s.cache.evict_all(s.cache_id);
+        info!(managed_ledger = %s.name, "managed ledger deleted");
+        Ok(())
+    }
+}
+
+async fn delete_ledger_quietly(client: &LedgerClient, id: u64) {
+    match client.delete_ledger(id).await {
+        Ok(()) | Err(LedgerError::NoSuchLedger(_)) => {}
+        Err(e) => warn!(ledger = id, error = %e, "ledger delete failed"),
+    }
+}
+
+async fn delete_node_quietly(store: &dyn MetadataStore, path: &str) -> Result<(), MlError> {
+    match store.delete(path, Expected::Any).await {
+        Ok(()) | Err(MetadataError::NoNode(_)) => Ok(()),
+        Err(e) => Err(MlError::Metadata(e)),
+    }
+}
+
+/// Read-modify-CAS rounds of [`claim`] lost to a concurrent writer before
+/// opening fails.
+const CLAIM_ATTEMPTS_MAX: u32 = 10;
+
+/// Reads (or creates) the node and rewrites it unchanged by CAS: from then on
+/// a previous owner's list update fails on the version (it is fenced from
+/// the list before its ledgers are fenced), so nothing it adds to the list
+/// later escapes this owner's recovery.
+async fn claim(
+    store: &Arc<dyn MetadataStore>,
+    path: &str,
+) -> Result<(proto::ManagedLedgerInfo, Version), MlError> {
+    let mut attempts = 0;
+    loop {
+        let (info, version) = read_or_create(store, path).await?;
+        match store
+            .set(path, &info.encode_to_vec(), Expected::Version(version))
+            .await
+        {
+            Ok(stat) => return Ok((info, stat.version)),
+            Err(MetadataError::BadVersion { .. }) if attempts + 1 < CLAIM_ATTEMPTS_MAX => {
+                attempts += 1;
+                info!(
+                    path,
+                    attempts, "managed ledger node changed while claiming; retrying"
+                );
+            }
+            Err(MetadataError::BadVersion { .. }) => {
+                return Err(MlError::Fenced(path.to_string()));
+            }
+            Err(e) => return Err(MlError::Metadata(e)),
+        }
+    }
+}
+
+async fn read_or_create(
+    store: &Arc<dyn MetadataStore>,
+    path: &str,
+) -> Result<(proto::ManagedLedgerInfo, Version), MlError> {
+    loop {
+        match store.get(path).await {
+            Ok((data, stat)) => {
+                let info = proto::ManagedLedgerInfo::decode(data.as_slice()).map_err(|e| {
+                    MlError::Corrupt {
+                        path: path.to_string(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                return Ok((info, stat.version));
+            }
+            Err(MetadataError::NoNode(_)) => {}
+            Err(e) => return Err(MlError::Metadata(e)),
+        }
+        if let Some(parent) = cms_bookie::metadata::parent_of(path) {
+            store.create_all(parent).await.map_err(MlError::Metadata)?;
+        }
+        let empty = proto::ManagedLedgerInfo::default().encode_to_vec();
+        match store.create(path, &empty, CreateMode::Persistent).await {
+            Ok((_, stat)) => return Ok((proto::ManagedLedgerInfo::default(), stat.version)),
+            Err(MetadataError::NodeExists(_)) => continue,
+            Err(e) => return Err(MlError::Metadata(e)),
+        }
+    }
+}
+
+/// A cursor of a managed ledger (durable or not). Cheap to clone.
+#[derive(Clone)]
+pub struct ManagedCursor {
+    pub(super) shared: Arc<Shared>,
+    pub(super) name: String,
+}
+
+impl std::fmt::Debug for ManagedCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedCursor")
+            .field("managed_ledger", &self.shared.name)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ManagedCursor {
+    /// The cursor name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut CursorSlot, &LedgerList) -> T) -> Result<T, MlError> {
+        let mut c = self.shared.core();
+        let c = &mut *c;
+        let slot = c
+            .cursors
+            .get_mut(&self.name)
+            .ok_or_else(|| MlError::NoCursor(self.name.clone()))?;
+        Ok(f(slot, &c.list))
+    }
+
+    /// The mark-delete position.
+    pub fn mark_delete(&self) -> Result<Position, MlError> {
+        self.with(|s, _| s.cursor.mark_delete())
+    }
+
+    /// True if the entry at `pos` is acknowledged.
+    pub fn is_acked(&self, pos: Position) -> Result<bool, MlError> {
+        self.with(|s, _| s.cursor.is_acked(pos))
+    }
+
+    /// Entries not yet acknowledged.
+    pub fn backlog_entries(&self) -> Result<u64, MlError> {
+        self.with(|s, l| s.cursor.backlog_entries(l))
+    }
+
+    /// The last position read through this cursor.
+    pub fn read_position(&self) -> Result<Position, MlError> {
+        self.with(|s, _| s.read_after)
+    }
+
+    /// Reads up to `count_max` entries after the read position, skipping
+    /// acknowledged ones, and moves the read position past them.
+    pub async fn read_next(&self, count_max: usize) -> Result<Vec<Entry>, MlError> {
+        let from = self.with(|s, l| {
+            // Acks may have moved the mark-delete past what was read.
+            s.read_after = s.read_after.max(s.cursor.mark_delete());
+            l.next_valid_position(s.read_after)
+        })?;
+        let Some(from) = from else {
+            return Ok(Vec::new());
+        };
+        let entries = self.shared.read(from, count_max).await?;
+        let out = self.with(|s, _| {
+            if let Some(last) = entries.last() {
+                s.read_after = s.read_after.max(last.position);
+            }
+            entries
+                .into_iter()
+                .filter(|e| !s.cursor.is_acked(e.position))
+                .collect::<Vec<_>>()
+        })?;
+        self.shared.evict_read();
+        Ok(out)
+    }
+
+    /// Individually acknowledges `pos`; persists when a snapshot is due.
+    pub async fn ack(&self, pos: Position) -> Result<AckOutcome, MlError> {
+        let o = self
+            .with(|s, l| s.cursor.ack(pos, l))?
+            .map_err(MlError::Cursor)?;
+        cursor_io::persist(&self.shared, &self.name, false).await?;
+        Ok(o)
+    }
+
+    /// Acknowledges everything at or before `pos`; persists when due.
+    pub async fn ack_cumulative(&self, pos: Position) -> Result<AckOutcome, MlError> {
+        let o = self
+            .with(|s, l| s.cursor.ack_cumulative(pos, l))?
+            .map_err(MlError::Cursor)?;
+        cursor_io::persist(&self.shared, &self.name, false).await?;
+        Ok(o)
+    }
+
+    /// Writes a snapshot now if anything changed since the last one
+    /// (regardless of the rate limit).
+    pub async fn persist(&self) -> Result<(), MlError> {
+        cursor_io::persist(&self.shared, &self.name, true).await
+    }
+
+    /// Moves the cursor (forgetting individual acks); the read position
+    /// follows the new mark-delete.
+    pub async fn seek(&self, target: SeekTarget) -> Result<(), MlError> {
+        self.with(|s, l| {
+            let to = match target {
+                SeekTarget::Earliest => l
+                    .first_position()
+                    .unwrap_or_else(|| l.last_confirmed_position().next_in_ledger()),
+                SeekTarget::Latest => l.last_confirmed_position().next_in_ledger(),
+                SeekTarget::Position(p) => p,
+            };
+            s.cursor.reset_to(to, l).map(|()| {
+                s.read_after = s.cursor.mark_delete();
+            })
+        })?
+        .map_err(MlError::Cursor)?;
+        cursor_io::persist(&self.shared, &self.name, false).await
+    }
+
+    /// Moves the cursor to the first entry published at or after
+    /// `target_ms` (binary search; `publish_time_ms` reads the publish time
+    /// from a payload, `None` = unknown, taken as 0), or to the end if every
+    /// entry is older. Returns where it moved.
+    pub async fn seek_publish_time(
+        &self,
+        target_ms: u64,
+        publish_time_ms: impl Fn(&[u8]) -> Option<u64>,
+    ) -> Result<Option<Position>, MlError> {
+        let mut search = PublishTimeSearch::new(&self.shared.core().list, target_ms);
+        let mut step = search.step();
+        let found = loop {
+            match step {
+                SearchStep::Read(p) => {
+                    let e = self.shared.read(p, 1).await?;
+                    let entry = e
+                        .into_iter()
+                        .find(|e| e.position == p)
+                        .ok_or(MlError::NotReadable(p))?;
+                    let t = publish_time_ms(&entry.payload).unwrap_or(0);
+                    step = search.feed(p, t).map_err(MlError::Search)?;
+                }
+                SearchStep::Done(SearchResult::Found(p)) => break Some(p),
+                SearchStep::Done(SearchResult::NoneAtOrAfter) => break None,
+            }
+        };
+        match found {
+            Some(p) => self.seek(SeekTarget::Position(p)).await?,
+            None => self.seek(SeekTarget::Latest).await?,
+        }
+        Ok(found)
+    }
+
+    /// Persists a final snapshot and closes the cursor ledger; the cursor
+    /// stays restorable from it.
+    pub async fn close(&self) -> Result<(), MlError> {
+        cursor_io::close(&self.shared, &self.name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_path_puts_persistent_between_namespace_and_topic() {
+        let layout = Layout::new("/cms").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            node_path(&layout, "acme/ns1/orders"),
+            Ok("/cms/managed-ledgers/acme/ns1/persistent/orders".to_string())
+        );
+        for bad in ["acme/ns1", "a/b/c/d", "a//c", ""] {
+            assert_eq!(
+                node_path(&layout, bad),
+                Err(MlError::BadName(bad.to_string()))
+            );
+        }
+    }
+
+    #[test]
+    fn the_stored_record_lists_created_ledgers_before_they_are_current_in_memory() {
+        let mut list = LedgerList::new();
+        list.add_ledger(5, 100).unwrap_or_else(|e| panic!("{e}"));
+        list.record_add(5, 0, 10).unwrap_or_else(|e| panic!("{e}"));
+        let core = Core {
+            list,
+            pending_ledgers: VecDeque::from([(7, 200)]),
+            version: 0,
+            terminal: None,
+            cursors: BTreeMap::new(),
+            trimmed: Vec::new(),
+        };
+        let rec = core.record();
+        let ids: Vec<u64> = rec.ledgers.iter().map(|l| l.ledger_id).collect();
+        assert_eq!(ids, vec![5, 7]);
+        assert_eq!(rec.current_ledger_id, Some(7));
+        assert_eq!(rec.ledgers[0].entries, 1);
+        // The in-memory list still has 5 current (its adds still complete).
+        assert_eq!(core.list.current_ledger_id(), Some(5));
+    }
+
+    #[test]
+    fn only_fenced_ledger_errors_count_as_fenced() {
+        assert!(is_fenced(&LedgerError::Writer(WriterError::Fenced)));
+        assert!(is_fenced(&LedgerError::Add(AddError::Failed(
+            WriterError::Fenced
+        ))));
+        assert!(!is_fenced(&LedgerError::HandleClosed));
+        assert!(!is_fenced(&LedgerError::Add(AddError::Closing)));
+    }
+}

@@ -1,0 +1,38 @@
+//! The managed ledger's async I/O driver (issue 6, part 2): the pure core of
+//! [`crate::managed_ledger`] carried out over the ledger client
+//! ([`cms_bookie::client::driver::LedgerClient`]) and the metadata store.
+//!
+//! Promises (DESIGN §4):
+//! - invariant 5: opening recovery-opens (fences and closes) every listed
+//!   ledger that is not closed, and a new ledger is in the stored list (CAS)
+//!   before its first write; a `Fenced` ledger error or a version conflict on
+//!   the list makes the managed ledger terminal: every pending and later
+//!   append fails with [`MlError::Fenced`];
+//! - invariant 1: appends complete in submission order across rollovers, each
+//!   with its position;
+//! - invariant 6: cursors are persisted as full snapshots in their own ledger
+//!   (at most once per `persist_interval_ms`, and on close) and restored from
+//!   its last entry, else from the cursor node; nothing unacknowledged is
+//!   ever restored as acknowledged;
+//! - invariant 7: trimming deletes only what [`crate::managed_ledger::deletable_ledgers`]
+//!   allows, after the list without them is stored.
+//!
+//! Decisions (rollover, persistence rate, trimming, publish-time search) stay
+//! in the core; this module only reads, writes and sequences. It starts no
+//! timer: the owner calls [`ManagedLedger::tick`] periodically (due cursor
+//! snapshots, trimming).
+//!
+//! Not yet: a ledger write error other than `Fenced` makes the handle
+//! terminal (no close-and-resend on a new ledger); rollover is decided on
+//! append only (an idle ledger past its age is rolled by the next append);
+//! catch-up reads have no read-ahead; TTL expiry is not driven; the
+//! dropped-ranges count is not exported as a metric.
+
+pub mod cache;
+mod cursor_io;
+pub mod managed_ledger;
+
+pub use cache::EntryCache;
+pub use managed_ledger::{
+    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, SeekTarget,
+};

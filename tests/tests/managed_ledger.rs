@@ -1,0 +1,481 @@
+//! The managed ledger I/O layer against real processes: a harness ZooKeeper
+//! and 3 `cms-bookie serve` bookies (E/Qw/Qa = 3/3/2). Appends across
+//! rollovers read back in order, trimming only behind the slowest cursor,
+//! cursor durability across a crash (handles dropped without close), and
+//! ownership takeover fencing the old owner.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a panic is the test failing"
+)]
+
+use cms_bookie::client::driver::LedgerError;
+use cms_broker::managed_ledger::io::{
+    EntryCache, ManagedLedger, ManagedLedgerConfig, MlError, SeekTarget,
+};
+use cms_broker::managed_ledger::{CursorConfig, InitialPosition, Position, RolloverPolicy};
+use cms_broker::managed_ledger::{CursorLedgerRollover, proto};
+use cms_tests::cluster::{init_store, managed_ledger_env, start_bookies};
+use cms_tests::harness::zookeeper::{ZkConfig, ZooKeeper};
+use prost::Message;
+
+async fn zk() -> ZooKeeper {
+    ZooKeeper::start_with(ZkConfig::with_tick_time_ms(1_000)).await
+}
+
+/// Small ledgers (`entries_max` entries each); snapshots only when asked.
+fn config(entries_max: u64) -> ManagedLedgerConfig {
+    ManagedLedgerConfig {
+        rollover: RolloverPolicy {
+            age_ms_min: 0,
+            entries_max,
+            ..RolloverPolicy::default()
+        },
+        cursor: CursorConfig {
+            persist_interval_ms: 3_600_000,
+            ..CursorConfig::default()
+        },
+        ..ManagedLedgerConfig::default()
+    }
+}
+
+fn payload(i: usize) -> Vec<u8> {
+    format!("message {i:06}").into_bytes()
+}
+
+async fn open(
+    zk: &ZooKeeper,
+    name: &str,
+    cfg: ManagedLedgerConfig,
+    cache: EntryCache,
+) -> ManagedLedger {
+    let (client, store, layout) = managed_ledger_env(&zk.connect_string()).await;
+    ManagedLedger::open(client, store, &layout, name, cfg, cache)
+        .await
+        .unwrap()
+}
+
+/// Appends `n` entries, 16 in flight; returns their positions in order.
+async fn append_n(ml: &ManagedLedger, from: usize, n: usize) -> Vec<Position> {
+    let mut pending = std::collections::VecDeque::new();
+    let mut out = Vec::new();
+    for i in from..from + n {
+        pending.push_back(ml.append_pipelined(payload(i)).await.unwrap());
+        if pending.len() >= 16 {
+            out.push(pending.pop_front().unwrap().wait().await.unwrap());
+        }
+    }
+    while let Some(p) = pending.pop_front() {
+        out.push(p.wait().await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_across_rollovers_read_back_in_order_from_cache_and_bookies() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    // No cache: every read goes to the bookies.
+    let ml = open(&zk, "t/ns/rollover", config(10), EntryCache::new(0)).await;
+    let positions = append_n(&ml, 0, 55).await;
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    let ledgers: std::collections::BTreeSet<u64> = positions.iter().map(|p| p.ledger_id).collect();
+    assert_eq!(ledgers.len(), 6, "10 entries per ledger: {positions:?}");
+    let entries = ml.read(Position::new(0, 0), 1_000).await.unwrap();
+    assert_eq!(entries.len(), 55);
+    for (i, e) in entries.iter().enumerate() {
+        assert_eq!(e.position, positions[i]);
+        assert_eq!(e.payload.as_ref(), payload(i).as_slice());
+    }
+    // The stored list: every ledger, the earlier ones closed with their final
+    // counts, the last one current.
+    let store = init_store(&zk.connect_string()).await;
+    let (data, _) = store
+        .get("/cms/managed-ledgers/t/ns/persistent/rollover")
+        .await
+        .unwrap();
+    let info = proto::ManagedLedgerInfo::decode(data.as_slice()).unwrap();
+    let stored: Vec<u64> = info.ledgers.iter().map(|l| l.ledger_id).collect();
+    assert_eq!(stored, ledgers.iter().copied().collect::<Vec<_>>());
+    assert_eq!(info.current_ledger_id, stored.last().copied());
+    for l in &info.ledgers[..5] {
+        assert_eq!((l.entries, l.size_bytes), (10, 140), "{l:?}");
+        assert_ne!(l.closed_ms, 0, "{l:?}");
+    }
+
+    // A range in the middle, across a ledger boundary.
+    let mid = ml.read(positions[8], 5).await.unwrap();
+    let got: Vec<Position> = mid.iter().map(|e| e.position).collect();
+    assert_eq!(got, positions[8..13].to_vec());
+
+    // Tailing: a waiter for the entry after the last wakes on the next append.
+    let last = *positions.last().unwrap();
+    let waiter = {
+        let ml = ml.clone();
+        tokio::spawn(async move { ml.wait_for_entry_after(last, 10_000).await })
+    };
+    let next = ml.append(payload(55)).await.unwrap();
+    assert_eq!(waiter.await.unwrap().unwrap(), next);
+    assert_eq!(
+        ml.wait_for_entry_after(next, 50).await.unwrap(),
+        next,
+        "timeout: unchanged"
+    );
+
+    // The same through a cache-backed handle reopened by a new owner.
+    drop(ml);
+    let cache = EntryCache::new(1 << 20);
+    let ml = open(&zk, "t/ns/rollover", config(10), cache.clone()).await;
+    let more = append_n(&ml, 56, 5).await;
+    assert!(more[0] > next);
+    assert!(cache.len() >= 5, "appended entries are cached");
+    let all = ml.read(Position::new(0, 0), 1_000).await.unwrap();
+    assert_eq!(all.len(), 61);
+    for (i, e) in all.iter().enumerate() {
+        assert_eq!(e.payload.as_ref(), payload(i).as_slice());
+    }
+    // A reader cursor reads everything and lets the cache evict it.
+    let reader = ml.open_non_durable_cursor("reader", InitialPosition::Earliest);
+    let read = reader.read_next(1_000).await.unwrap();
+    assert_eq!(read.len(), 61);
+    assert_eq!(cache.len(), 0, "what every cursor has read is evicted");
+    ml.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_deletes_only_ledgers_behind_the_slowest_durable_cursor() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let (client, store, layout) = managed_ledger_env(&zk.connect_string()).await;
+    let ml = ManagedLedger::open(
+        client.clone(),
+        store.clone(),
+        &layout,
+        "t/ns/trim",
+        config(10),
+        EntryCache::new(1 << 20),
+    )
+    .await
+    .unwrap();
+    let fast = ml
+        .open_cursor("fast", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let slow = ml
+        .open_cursor("slow", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let positions = append_n(&ml, 0, 60).await;
+    fast.ack_cumulative(positions[59]).await.unwrap();
+    slow.ack_cumulative(positions[25]).await.unwrap();
+    assert_eq!(slow.backlog_entries().unwrap(), 34);
+    assert_eq!(fast.backlog_entries().unwrap(), 0);
+
+    let deleted = ml.trim().await.unwrap();
+    let expected = vec![positions[0].ledger_id, positions[10].ledger_id];
+    assert_eq!(
+        deleted, expected,
+        "only ledgers wholly behind the slow cursor"
+    );
+    for id in &deleted {
+        assert_eq!(
+            client.ledger_metadata(*id).await.unwrap_err(),
+            LedgerError::NoSuchLedger(*id)
+        );
+    }
+    assert!(
+        client
+            .ledger_metadata(positions[20].ledger_id)
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        ml.trim().await.unwrap(),
+        Vec::<u64>::new(),
+        "nothing more yet"
+    );
+    let rest = ml.read(Position::new(0, 0), 1_000).await.unwrap();
+    assert_eq!(rest.first().unwrap().position, positions[20]);
+    assert_eq!(rest.len(), 40);
+
+    // The slow cursor catches up: everything but the last ledger(s) goes.
+    slow.ack_cumulative(positions[59]).await.unwrap();
+    let deleted = ml.trim().await.unwrap();
+    let expected: Vec<u64> = [20, 30, 40]
+        .iter()
+        .map(|i| positions[*i].ledger_id)
+        .collect();
+    assert_eq!(deleted, expected);
+
+    // Delete the whole managed ledger: node, cursor nodes, ledgers.
+    let path = format!("{}/t/ns/persistent/trim", layout.managed_ledgers());
+    assert!(store.exists(&path).await.unwrap().is_some());
+    ml.delete().await.unwrap();
+    assert!(store.exists(&path).await.unwrap().is_none());
+    assert!(
+        client
+            .ledger_metadata(positions[59].ledger_id)
+            .await
+            .is_err()
+    );
+    assert!(matches!(
+        ml.append(payload(0)).await,
+        Err(MlError::Closed(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persisted_acks_survive_a_crash_and_no_unacked_entry_is_skipped() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let ml = open(&zk, "t/ns/durable", config(20), EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let p = append_n(&ml, 0, 50).await;
+    sub.ack_cumulative(p[9]).await.unwrap();
+    for i in [12, 15, 20, 21, 22, 23, 24, 40] {
+        sub.ack(p[i]).await.unwrap();
+    }
+    sub.persist().await.unwrap();
+    // Acked after the last persist: the unpersisted window.
+    for i in [30, 31] {
+        sub.ack(p[i]).await.unwrap();
+    }
+    assert!(sub.is_acked(p[30]).unwrap());
+    // Crash: drop every handle without close.
+    drop(sub);
+    drop(ml);
+
+    let ml = open(&zk, "t/ns/durable", config(20), EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Latest)
+        .await
+        .unwrap();
+    assert_eq!(sub.mark_delete().unwrap(), p[9]);
+    let persisted: Vec<usize> = (0..=9).chain([12, 15, 20, 21, 22, 23, 24, 40]).collect();
+    for (i, pos) in p.iter().enumerate() {
+        assert_eq!(
+            sub.is_acked(*pos).unwrap(),
+            persisted.contains(&i),
+            "entry {i} at {pos}"
+        );
+    }
+    // Redelivery: exactly the unacked entries, in order, nothing skipped.
+    let redelivered: Vec<Position> = sub
+        .read_next(1_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.position)
+        .collect();
+    let expected: Vec<Position> = (0..50)
+        .filter(|i| !persisted.contains(i))
+        .map(|i| p[i])
+        .collect();
+    assert_eq!(redelivered, expected);
+    assert_eq!(sub.backlog_entries().unwrap(), expected.len() as u64);
+
+    // A clean close persists the rest; a reopen restores it exactly.
+    sub.ack(p[30]).await.unwrap();
+    ml.close().await.unwrap();
+    drop(sub);
+    let ml = open(&zk, "t/ns/durable", config(20), EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Latest)
+        .await
+        .unwrap();
+    assert!(sub.is_acked(p[30]).unwrap());
+    assert!(!sub.is_acked(p[31]).unwrap());
+    // Seeks: earliest, latest, a position, a publish time (entry index as ms).
+    sub.seek(SeekTarget::Earliest).await.unwrap();
+    assert_eq!(sub.backlog_entries().unwrap(), 50);
+    sub.seek(SeekTarget::Position(p[45])).await.unwrap();
+    assert_eq!(sub.backlog_entries().unwrap(), 5);
+    let found = sub
+        .seek_publish_time(33, |b| {
+            std::str::from_utf8(b)
+                .ok()?
+                .strip_prefix("message ")?
+                .parse()
+                .ok()
+        })
+        .await
+        .unwrap();
+    assert_eq!(found, Some(p[33]));
+    assert_eq!(sub.read_next(1).await.unwrap()[0].position, p[33]);
+    sub.seek(SeekTarget::Latest).await.unwrap();
+    assert_eq!(sub.backlog_entries().unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_fences_the_old_one_whose_handle_becomes_terminal() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let old = open(&zk, "t/ns/owner", config(1_000), EntryCache::new(1 << 20)).await;
+    let acked = append_n(&old, 0, 20).await;
+
+    let new = open(&zk, "t/ns/owner", config(1_000), EntryCache::new(1 << 20)).await;
+    let e = old.append(payload(20)).await.unwrap_err();
+    assert!(matches!(e, MlError::Fenced(_)), "{e:?}");
+    assert!(matches!(old.terminal_error(), Some(MlError::Fenced(_))));
+    let e = old.append(payload(21)).await.unwrap_err();
+    assert!(matches!(e, MlError::Fenced(_)), "terminal: {e:?}");
+
+    // The new owner has every acked entry of the old one and appends after it.
+    let all = new.read(Position::new(0, 0), 1_000).await.unwrap();
+    let got: Vec<Position> = all.iter().map(|e| e.position).collect();
+    assert_eq!(got, acked);
+    let next = new.append(payload(20)).await.unwrap();
+    assert!(next > *acked.last().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cursor_ledger_rolls_over_and_the_cursor_restores_from_the_newest_one() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let cfg = ManagedLedgerConfig {
+        cursor: CursorConfig {
+            persist_interval_ms: 0,
+            ..CursorConfig::default()
+        },
+        cursor_ledger_rollover: CursorLedgerRollover {
+            entries_max: 2,
+            age_ms_max: 3_600_000,
+        },
+        ..config(1_000)
+    };
+    let (client, store, _) = managed_ledger_env(&zk.connect_string()).await;
+    let node = "/cms/managed-ledgers/t/ns/persistent/cursors/sub";
+    let cursor_ledger = |data: Vec<u8>| proto::CursorInfo::decode(data.as_slice()).unwrap();
+    let ml = open(&zk, "t/ns/cursors", cfg.clone(), EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let first = cursor_ledger(store.get(node).await.unwrap().0).cursor_ledger_id;
+    let p = append_n(&ml, 0, 10).await;
+    for pos in &p[..7] {
+        // Every ack is persisted (interval 0); every 2nd snapshot rolls.
+        sub.ack(*pos).await.unwrap();
+    }
+    let info = cursor_ledger(store.get(node).await.unwrap().0);
+    assert_ne!(info.cursor_ledger_id, first, "cursor ledger rolled");
+    let first = u64::try_from(first).unwrap();
+    assert_eq!(
+        client.ledger_metadata(first).await.unwrap_err(),
+        LedgerError::NoSuchLedger(first),
+        "the old cursor ledger is deleted"
+    );
+    // The node's snapshot is older than the ledger's last entry.
+    let node_md = info.last_snapshot.unwrap().mark_delete.unwrap();
+    assert!(node_md.entry_id < 6, "{node_md:?}");
+    drop(sub);
+    drop(ml);
+    let ml = open(&zk, "t/ns/cursors", cfg, EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Latest)
+        .await
+        .unwrap();
+    assert_eq!(
+        sub.mark_delete().unwrap(),
+        p[6],
+        "restored from the cursor ledger"
+    );
+    assert_eq!(sub.backlog_entries().unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_under_load_fails_the_old_owners_appends_and_keeps_every_acked_entry() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let old = open(&zk, "t/ns/load", config(50), EntryCache::new(1 << 20)).await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let (old, acked) = (old.clone(), acked.clone());
+        tokio::spawn(async move {
+            let mut pending = std::collections::VecDeque::new();
+            for i in 0.. {
+                match old.append_pipelined(payload(i)).await {
+                    Ok(p) => pending.push_back(p),
+                    Err(e) => return e,
+                }
+                if pending.len() >= 32 {
+                    match pending.pop_front().unwrap().wait().await {
+                        Ok(pos) => acked.lock().unwrap().push(pos),
+                        Err(e) => return e,
+                    }
+                }
+            }
+            unreachable!()
+        })
+    };
+    cms_tests::harness::wait::eventually("200 appends acked", 20_000, || {
+        let n = acked.lock().unwrap().len();
+        async move { n >= 200 }
+    })
+    .await;
+    let new = open(&zk, "t/ns/load", config(50), EntryCache::new(1 << 20)).await;
+    let e = tokio::time::timeout(std::time::Duration::from_secs(20), writer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(e, MlError::Fenced(_)), "{e:?}");
+    assert!(matches!(old.terminal_error(), Some(MlError::Fenced(_))));
+    let acked = acked.lock().unwrap().clone();
+    let all = new.read(Position::new(0, 0), 100_000).await.unwrap();
+    // Every acked entry is there, with its payload; the log is a gap-free
+    // prefix of what was submitted (recovery may keep unacked entries too).
+    assert!(all.len() >= acked.len());
+    for (i, e) in all.iter().enumerate() {
+        assert_eq!(e.payload.as_ref(), payload(i).as_slice(), "entry {i}");
+        if let Some(a) = acked.get(i) {
+            assert_eq!(e.position, *a);
+        }
+    }
+}
+
+/// Rough append throughput through the managed ledger next to the raw ledger
+/// client in the same run (debug build: compare, do not quote absolutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement; run by hand"]
+async fn measure_append_throughput_against_the_raw_ledger() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let n = 5_000;
+    let body = vec![7u8; 1024];
+    let (client, _, _) = managed_ledger_env(&zk.connect_string()).await;
+    let w = client
+        .create_ledger(3, 3, 2, b"pw", std::collections::HashMap::new())
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut pending = std::collections::VecDeque::new();
+    for _ in 0..n {
+        pending.push_back(w.add_pipelined(body.clone()).await.unwrap());
+        if pending.len() >= 256 {
+            pending.pop_front().unwrap().await.unwrap();
+        }
+    }
+    for p in pending {
+        p.await.unwrap();
+    }
+    let raw = n as f64 / t.elapsed().as_secs_f64();
+    let ml = open(&zk, "t/ns/bench", config(50_000), EntryCache::new(64 << 20)).await;
+    let t = std::time::Instant::now();
+    let mut pending = std::collections::VecDeque::new();
+    for _ in 0..n {
+        pending.push_back(ml.append_pipelined(body.clone()).await.unwrap());
+        if pending.len() >= 256 {
+            pending.pop_front().unwrap().wait().await.unwrap();
+        }
+    }
+    for p in pending {
+        p.wait().await.unwrap();
+    }
+    let managed = n as f64 / t.elapsed().as_secs_f64();
+    println!(
+        "raw ledger: {raw:.0} appends/s; managed ledger: {managed:.0} appends/s (1 KiB, 256 in flight, 3/3/2)"
+    );
+}
