@@ -15,6 +15,11 @@ use cms_bookie::metadata::zk::{ZkOptions, ZkStore};
 
 use crate::harness::process::{Process, ProcessBuilder};
 
+/// The bookie config file tests start with: the read-only threshold is set
+/// near 1.0 because the test machine's disk is shared and may be fuller than
+/// the production default (0.95) allows; tests of read-only mode lower it.
+pub const BOOKIE_TEST_CONFIG: &str = "disk_usage_threshold = 0.999\ndisk_usage_lwm = 0.998\n";
+
 /// Metadata root used by the cluster tests.
 pub const ROOT: &str = "/cms";
 
@@ -56,7 +61,7 @@ impl BookieNode {
             .port("http")
             .arg("serve")
             .arg("--config={dir}/bookie.toml")
-            .file("bookie.toml", "")
+            .file("bookie.toml", BOOKIE_TEST_CONFIG)
             .arg(format!("--metadata-url=zk://{zk}"))
             .arg("--metadata-session-timeout-ms=4000")
             .arg(format!("--bookie-id={id}"))

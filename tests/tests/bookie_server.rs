@@ -16,7 +16,7 @@ use cms_bookie::metadata::CreateMode;
 use cms_bookie::metadata::layout::Layout;
 use cms_bookie::proto::bookie::StatusCode;
 use cms_bookie::proto::metadata::{LedgerMetadata, LedgerStatus, Segment};
-use cms_tests::cluster::{BookieNode, ROOT, init_store};
+use cms_tests::cluster::{BOOKIE_TEST_CONFIG, BookieNode, ROOT, init_store};
 use cms_tests::harness::wait::eventually;
 use cms_tests::harness::zookeeper::{ZkConfig, ZooKeeper};
 use prost::Message;
@@ -256,7 +256,7 @@ async fn over_the_disk_threshold_writes_are_refused_reads_served_and_the_node_mo
     let info = c.info().await.unwrap();
     assert!(!info.writable);
     // Back under the low-water mark: writable, registered under available/.
-    b.set_config("");
+    b.set_config(BOOKIE_TEST_CONFIG);
     b.restart().await;
     assert!(store.exists(&av).await.unwrap().is_some());
     assert!(store.exists(&ro).await.unwrap().is_none());
