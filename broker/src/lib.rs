@@ -2,11 +2,11 @@
 //! and quotas, the Pulsar protocol service, the admin REST API, metrics,
 //! ownership and standalone mode.
 //!
-//! Built so far: the pure core of managed ledgers and cursors
-//! ([`managed_ledger`]: positions, range sets, the cursor state machine, the
-//! ledger list, rollover, trimming and publish-time search, with their metadata
-//! records) — plain state machines without I/O. The I/O layer over the ledger
-//! client, the Pulsar protocol and the rest are not built yet: the binary says
-//! so and exits non-zero.
+//! Built so far: managed ledgers and cursors ([`managed_ledger`]): the pure
+//! core (positions, range sets, the cursor state machine, the ledger list,
+//! rollover, trimming and publish-time search, with their metadata records) and
+//! its async I/O layer over the ledger client ([`managed_ledger::io`]). The
+//! Pulsar protocol, dispatch and the rest are not built yet: the binary says so
+//! and exits non-zero.
 
 pub mod managed_ledger;
