@@ -64,6 +64,26 @@ async fn assert_reads_back(c: &BookieClient, ledger: u64, n: i64) {
     }
 }
 
+/// Waits until bookie `id` is registered under `readonly/` and not under `available/`.
+async fn wait_registered_read_only(
+    store: &std::sync::Arc<dyn cms_bookie::metadata::MetadataStore>,
+    id: &str,
+) {
+    let layout = Layout::new(ROOT).unwrap();
+    let ro = format!("{}/{id}", layout.bookies_readonly());
+    let av = format!("{}/{id}", layout.bookies_available());
+    eventually("the bookie registers under readonly/ only", 30_000, || {
+        let store = store.clone();
+        let (ro, av) = (ro.clone(), av.clone());
+        async move {
+            let ro = store.exists(&ro).await.ok().flatten().is_some();
+            let av = store.exists(&av).await.ok().flatten().is_some();
+            ro && !av
+        }
+    })
+    .await;
+}
+
 async fn zk() -> ZooKeeper {
     ZooKeeper::start_with(ZkConfig::with_tick_time_ms(1_000)).await
 }
@@ -239,16 +259,7 @@ async fn over_the_disk_threshold_writes_are_refused_reads_served_and_the_node_mo
     // Any disk is over a threshold of 0: restarted so, the bookie is read-only.
     b.set_config("disk_usage_threshold = 0.0\ndisk_usage_lwm = 0.0\n");
     b.process.restart().await;
-    eventually("the bookie registers under readonly/", 30_000, || {
-        let store = store.clone();
-        let (ro, av) = (ro.clone(), av.clone());
-        async move {
-            let ro = store.exists(&ro).await.ok().flatten().is_some();
-            let av = store.exists(&av).await.ok().flatten().is_some();
-            ro && !av
-        }
-    })
-    .await;
+    wait_registered_read_only(&store, "b1").await;
     let c = b.client().await;
     assert_eq!(add(&c, 1, 1).await, StatusCode::ReadOnly);
     assert_eq!(add(&c, 2, 0).await, StatusCode::ReadOnly);
@@ -298,7 +309,6 @@ async fn power_cut_after_acks_loses_no_acked_entry() {
 async fn an_fsync_failure_acks_nothing_of_its_group_and_stops_writes() {
     let zk = zk().await;
     let store = init_store(&zk.connect_string()).await;
-    let layout = Layout::new(ROOT).unwrap();
     let b = BookieNode::start("b1", &zk.connect_string(), &["--fault-injection"]).await;
     let c = b.client().await;
     assert_eq!(add(&c, 1, 0).await, StatusCode::Ok);
@@ -316,18 +326,7 @@ async fn an_fsync_failure_acks_nothing_of_its_group_and_stops_writes() {
     assert_eq!(add(&c, 2, 0).await, StatusCode::ReadOnly);
     // Reads are still served, and the registration moves to readonly/.
     assert_reads_back(&c, 1, 1).await;
-    let ro = format!("{}/b1", layout.bookies_readonly());
-    let av = format!("{}/b1", layout.bookies_available());
-    eventually("the bookie re-registers as read-only", 10_000, || {
-        let store = store.clone();
-        let (ro, av) = (ro.clone(), av.clone());
-        async move {
-            let ro = store.exists(&ro).await.ok().flatten().is_some();
-            let av = store.exists(&av).await.ok().flatten().is_some();
-            ro && !av
-        }
-    })
-    .await;
+    wait_registered_read_only(&store, "b1").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

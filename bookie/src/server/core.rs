@@ -321,6 +321,33 @@ impl BookieCore {
         }
     }
 
+    /// Journals `rec`, preceded by the ledger's master key when `key` is set
+    /// (a ledger new to this bookie); both are queued before either is awaited,
+    /// so they share a group. OK once both are durable.
+    async fn journal_with_key(
+        &self,
+        ledger_id: u64,
+        key: Option<Bytes>,
+        rec: JournalRecord,
+    ) -> StatusCode {
+        let key_record = key.map(|master_key| {
+            self.journal.append(JournalRecord::MasterKey {
+                ledger_id,
+                master_key,
+            })
+        });
+        let record = self.journal.append(rec);
+        if let Some(k) = key_record
+            && let Err(e) = k.await
+        {
+            return self.journal_status(ledger_id, &e);
+        }
+        match record.await {
+            Ok(()) => StatusCode::Ok,
+            Err(e) => self.journal_status(ledger_id, &e),
+        }
+    }
+
     /// One add; see the module docs for the rules. Resolves when the entry is
     /// durable or refused.
     pub async fn add(&self, op: AddOp) -> StatusCode {
@@ -453,26 +480,13 @@ impl BookieCore {
         if adopted && let Err(e) = self.storage.set_ledger_state(ledger_id, handle.snapshot()) {
             return storage_status(ledger_id, &e);
         }
-        let key_record = (created || adopted).then(|| {
-            self.journal.append(JournalRecord::MasterKey {
-                ledger_id,
-                master_key: master_key.clone(),
-            })
-        });
-        let entry_record = self.journal.append(JournalRecord::Entry {
+        let key = (created || adopted).then_some(master_key);
+        let rec = JournalRecord::Entry {
             ledger_id,
             entry_id,
             data: body,
-        });
-        if let Some(k) = key_record
-            && let Err(e) = k.await
-        {
-            return self.journal_status(ledger_id, &e);
-        }
-        match entry_record.await {
-            Ok(()) => StatusCode::Ok,
-            Err(e) => self.journal_status(ledger_id, &e),
-        }
+        };
+        self.journal_with_key(ledger_id, key, rec).await
     }
 
     /// Fences a ledger durably (creating its state when unknown). Returns OK
@@ -511,29 +525,16 @@ impl BookieCore {
         {
             return storage_status(ledger_id, &e);
         }
-        let key_record = (created || adopted).then(|| {
-            self.journal.append(JournalRecord::MasterKey {
-                ledger_id,
-                master_key: master_key.clone(),
-            })
-        });
+        let key = (created || adopted).then(|| master_key.clone());
         // Journalled every time: a fence answered OK is durable even when an
         // earlier fence of this ledger is still in the journal queue.
-        let fence_record = self.journal.append(JournalRecord::Fence { ledger_id });
-        if let Some(k) = key_record
-            && let Err(e) = k.await
-        {
-            return self.journal_status(ledger_id, &e);
+        let s = self
+            .journal_with_key(ledger_id, key, JournalRecord::Fence { ledger_id })
+            .await;
+        if s == StatusCode::Ok && newly {
+            debug!(ledger = ledger_id, "ledger fenced");
         }
-        match fence_record.await {
-            Ok(()) => {
-                if newly {
-                    debug!(ledger = ledger_id, "ledger fenced");
-                }
-                StatusCode::Ok
-            }
-            Err(e) => self.journal_status(ledger_id, &e),
-        }
+        s
     }
 
     /// The status for an entry that storage does not have.
@@ -749,26 +750,13 @@ impl BookieCore {
             return storage_status(ledger_id, &e);
         }
         handle.observe_lac(lac);
-        let key_record = created.then(|| {
-            self.journal.append(JournalRecord::MasterKey {
-                ledger_id,
-                master_key: master_key.clone(),
-            })
-        });
-        let rec = self.journal.append(JournalRecord::ExplicitLac {
+        let key = created.then(|| master_key.clone());
+        let rec = JournalRecord::ExplicitLac {
             ledger_id,
             lac,
             data: stored,
-        });
-        if let Some(k) = key_record
-            && let Err(e) = k.await
-        {
-            return self.journal_status(ledger_id, &e);
-        }
-        match rec.await {
-            Ok(()) => StatusCode::Ok,
-            Err(e) => self.journal_status(ledger_id, &e),
-        }
+        };
+        self.journal_with_key(ledger_id, key, rec).await
     }
 
     /// Puts a ledger into limbo (or out of it) durably; a ledger put into limbo
