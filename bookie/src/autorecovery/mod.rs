@@ -1,0 +1,800 @@
+//! Autorecovery: restores the replicas of lost bookies (reference §5, DESIGN §3).
+//!
+//! Two loops share one metadata session ([`run`]):
+//! - the **auditor**, one at a time cluster-wide, elected by creating the
+//!   ephemeral `<root>/autorecovery/auditor`; every `audit_interval_ms` (and on
+//!   registration changes) it lists the live bookies (available + read-only)
+//!   and all ledgers, and once a bookie some ledger names has been missing
+//!   for `lost_bookie_grace_ms` it marks each such ledger under
+//!   `<root>/underreplicated/<hierarchical id>` (persistent, idempotent; the
+//!   node's data lists the lost bookies, comma-separated);
+//! - the **worker** takes one marked ledger at a time under the ephemeral lock
+//!   `<root>/autorecovery/locks/<ledger id>`. An OPEN ledger is left alone for
+//!   `open_ledger_grace_ms` after it was first seen, then recovery-opened
+//!   (fencing its writer). For each segment naming a lost bookie it chooses a
+//!   replacement outside the segment's ensemble, copies every entry the lost
+//!   bookie held from a surviving replica, digest-verified, to the replacement
+//!   with RECOVERY_ADD, and only when every copy of that segment was
+//!   acknowledged CASes the replacement into the segment. The mark is deleted
+//!   when no segment names a lost bookie any more.
+//!
+//! The pure decisions live in [`plan`]. Copies are throttled by a token bucket
+//! ([`Throttle`]) in entries/s and bytes/s. A worker killed mid-copy leaves the
+//! metadata untouched (copies are idempotent RECOVERY_ADDs) and its lock goes
+//! with its session, so another worker starts the ledger over.
+
+pub mod plan;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use self::plan::{LostTracker, SegmentCopy, bookies_named, copy_plan, ledgers_to_mark};
+use crate::bookie_client::{BookieClient, ClientOptions, read_status};
+use crate::client::driver::placement::{BookieInfo, choose_replacements};
+use crate::client::driver::{LedgerClient, LedgerError};
+use crate::client::master_key::master_key;
+use crate::client::metadata::status;
+use crate::client::{BookieId, Replacement};
+use crate::entry::Entry;
+use crate::metadata::layout::Layout;
+use crate::metadata::{CreateMode, Expected, MetadataError, MetadataStore, join, parent_of};
+use crate::proto::bookie::StatusCode;
+use crate::proto::metadata::{LedgerMetadata, LedgerStatus};
+
+/// Options of autorecovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutorecoveryConfig {
+    /// Name written into the auditor and lock nodes (who holds them).
+    pub name: String,
+    /// A bookie missing this long is lost, in milliseconds.
+    pub lost_bookie_grace_ms: u64,
+    /// An OPEN ledger is recovery-opened only after this long, in milliseconds.
+    pub open_ledger_grace_ms: u64,
+    /// Period of the auditor's full check and of the worker's scan, in milliseconds.
+    pub audit_interval_ms: u64,
+    /// Entries copied per second at most (0 = unlimited).
+    pub replication_entries_per_s_max: u64,
+    /// Entry bytes copied per second at most (0 = unlimited).
+    pub replication_bytes_per_s_max: u64,
+    /// Run the auditor election (false: worker only).
+    pub auditor: bool,
+    /// Run the worker.
+    pub worker: bool,
+}
+
+impl Default for AutorecoveryConfig {
+    fn default() -> Self {
+        AutorecoveryConfig {
+            name: "autorecovery".into(),
+            lost_bookie_grace_ms: 300_000,
+            open_ledger_grace_ms: 30_000,
+            audit_interval_ms: 5_000,
+            replication_entries_per_s_max: 5_000,
+            replication_bytes_per_s_max: 50 * 1024 * 1024,
+            auditor: true,
+            worker: true,
+        }
+    }
+}
+
+/// Why one ledger's re-replication failed (it is retried later).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicationError {
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Metadata(#[from] MetadataError),
+    /// The ledger client failed (recovery, metadata).
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// No plan could be made.
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    /// No writable bookie outside the ensemble.
+    #[error("no replacement for bookie {0}")]
+    NoReplacement(BookieId),
+    /// An entry could not be read, digest-verified, from any source.
+    #[error("entry {entry_id}: no readable replica")]
+    Unreadable {
+        /// The entry.
+        entry_id: i64,
+    },
+    /// The replacement refused or failed a copy.
+    #[error("entry {entry_id}: copy to {bookie} failed: {reason}")]
+    CopyFailed {
+        /// The entry.
+        entry_id: i64,
+        /// The replacement.
+        bookie: BookieId,
+        /// Why.
+        reason: String,
+    },
+    /// Swapping the replacement into the metadata failed.
+    #[error("swap: {0}")]
+    Swap(String),
+}
+
+/// A token bucket over entries and bytes per second (0 = unlimited).
+#[derive(Debug)]
+pub struct Throttle {
+    entries_per_s_max: u64,
+    bytes_per_s_max: u64,
+    start: Instant,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Throttle {
+    /// A bucket allowing `entries_per_s_max` and `bytes_per_s_max`.
+    pub fn new(entries_per_s_max: u64, bytes_per_s_max: u64) -> Throttle {
+        Throttle {
+            entries_per_s_max,
+            bytes_per_s_max,
+            start: Instant::now(),
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    /// How long to wait after `elapsed` has passed with `entries`, `bytes`
+    /// already admitted (pure: the rate over the whole run stays under both bounds).
+    pub fn delay(&self, elapsed: Duration) -> Duration {
+        let need = |done: u64, rate: u64| {
+            if rate == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(done as f64 / rate as f64)
+            }
+        };
+        let due =
+            need(self.entries, self.entries_per_s_max).max(need(self.bytes, self.bytes_per_s_max));
+        due.saturating_sub(elapsed)
+    }
+
+    /// Admits one entry of `bytes`, sleeping as needed.
+    pub async fn admit(&mut self, bytes: u64) {
+        self.entries += 1;
+        self.bytes += bytes;
+        let d = self.delay(self.start.elapsed());
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+    }
+}
+
+/// Runs the auditor and the worker (as configured) until `shutdown` turns true.
+pub async fn run(
+    store: Arc<dyn MetadataStore>,
+    layout: Layout,
+    client: LedgerClient,
+    config: AutorecoveryConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    info!(name = %config.name, auditor = config.auditor, worker = config.worker, "autorecovery starting");
+    let a = config.auditor.then(|| {
+        tokio::spawn(auditor_loop(
+            store.clone(),
+            layout.clone(),
+            config.clone(),
+            shutdown.clone(),
+        ))
+    });
+    let w = config.worker.then(|| {
+        tokio::spawn(worker_loop(
+            store.clone(),
+            layout.clone(),
+            client,
+            config.clone(),
+            shutdown.clone(),
+        ))
+    });
+    if let Some(a) = a {
+        let _ = a.await;
+    }
+    if let Some(w) = w {
+        let _ = w.await;
+    }
+    info!("autorecovery stopped");
+}
+
+async fn wait_or_shutdown(shutdown: &mut watch::Receiver<bool>, ms: u64) -> bool {
+    if *shutdown.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(ms)) => *shutdown.borrow(),
+        _ = shutdown.changed() => true,
+    }
+}
+
+/// Names of the children of `path`, empty if it does not exist.
+async fn children_or_empty(
+    store: &dyn MetadataStore,
+    path: &str,
+) -> Result<Vec<String>, MetadataError> {
+    match store.children(path).await {
+        Ok(c) => Ok(c),
+        Err(MetadataError::NoNode(_)) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The live bookies: registered available or read-only.
+pub async fn live_bookies(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+) -> Result<BTreeSet<BookieId>, MetadataError> {
+    let mut live: BTreeSet<BookieId> = children_or_empty(store, &layout.bookies_available())
+        .await?
+        .into_iter()
+        .collect();
+    live.extend(children_or_empty(store, &layout.bookies_readonly()).await?);
+    Ok(live)
+}
+
+/// Paths of the leaves `depth` levels below `root` (the hierarchical id layout).
+async fn leaves(
+    store: &dyn MetadataStore,
+    root: &str,
+    depth: usize,
+) -> Result<Vec<String>, MetadataError> {
+    let mut level = vec![root.to_string()];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for p in &level {
+            for c in children_or_empty(store, p).await? {
+                next.push(join(p, &c));
+            }
+        }
+        level = next;
+    }
+    Ok(level)
+}
+
+/// Every ledger's id and metadata (undecodable nodes are skipped with a warning).
+pub async fn all_ledgers(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+) -> Result<Vec<(u64, LedgerMetadata)>, MetadataError> {
+    let mut out = Vec::new();
+    for path in leaves(store, &layout.ledgers(), 5).await? {
+        let Some(id) = layout.ledger_id_of(&path) else {
+            continue;
+        };
+        match store.get(&path).await {
+            Ok((data, _)) => match LedgerMetadata::decode(data.as_slice()) {
+                Ok(md) => out.push((id, md)),
+                Err(e) => warn!(ledger = id, error = %e, "undecodable ledger metadata"),
+            },
+            Err(MetadataError::NoNode(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// The ids of the ledgers marked under-replicated, sorted, with the node data.
+pub async fn list_underreplicated(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+) -> Result<Vec<(u64, String)>, MetadataError> {
+    let root = layout.underreplicated();
+    let mut out = Vec::new();
+    for path in leaves(store, &root, 5).await? {
+        let as_ledger = format!("{}{}", layout.ledgers(), &path[root.len()..]);
+        let Some(id) = layout.ledger_id_of(&as_ledger) else {
+            continue;
+        };
+        match store.get(&path).await {
+            Ok((data, _)) => out.push((id, String::from_utf8_lossy(&data).into_owned())),
+            Err(MetadataError::NoNode(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn underreplicated_path(layout: &Layout, ledger_id: u64) -> String {
+    let ledger = layout.ledger(ledger_id);
+    let suffix = &ledger[layout.ledgers().len()..];
+    format!("{}{suffix}", layout.underreplicated())
+}
+
+/// Marks `ledger_id` under-replicated by `bookies` (idempotent).
+pub async fn mark_underreplicated(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    ledger_id: u64,
+    bookies: &[BookieId],
+) -> Result<bool, MetadataError> {
+    let path = underreplicated_path(layout, ledger_id);
+    let data = bookies.join(",");
+    for _ in 0..2 {
+        match store
+            .create(&path, data.as_bytes(), CreateMode::Persistent)
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(MetadataError::NodeExists(_)) => return Ok(false),
+            Err(MetadataError::NoNode(_)) => {
+                if let Some(parent) = parent_of(&path) {
+                    store.create_all(parent).await?;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
+async fn auditor_loop(
+    store: Arc<dyn MetadataStore>,
+    layout: Layout,
+    config: AutorecoveryConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let path = layout.auditor();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if let Some(parent) = parent_of(&path)
+            && let Err(e) = store.create_all(parent).await
+        {
+            warn!(error = %e, "creating the autorecovery node");
+        }
+        match store
+            .create(&path, config.name.as_bytes(), CreateMode::Ephemeral)
+            .await
+        {
+            Ok(_) => {
+                info!(name = %config.name, "elected auditor");
+                audit(&store, &layout, &config, &mut shutdown).await;
+                let _ = store.delete(&path, Expected::Any).await;
+                return;
+            }
+            Err(MetadataError::NodeExists(_)) => {
+                debug!("another auditor is elected; waiting");
+            }
+            Err(e) => warn!(error = %e, "auditor election"),
+        }
+        if wait_or_shutdown(&mut shutdown, config.audit_interval_ms.min(1_000)).await {
+            return;
+        }
+    }
+}
+
+/// The auditor's duty while elected: returns at shutdown or when the session ends.
+async fn audit(
+    store: &Arc<dyn MetadataStore>,
+    layout: &Layout,
+    config: &AutorecoveryConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) {
+    let start = Instant::now();
+    let mut tracker = LostTracker::new();
+    let mut session = store.session_events();
+    let mut marked: BTreeSet<u64> = BTreeSet::new();
+    loop {
+        if session.borrow_and_update().is_terminal() {
+            warn!("auditor session ended");
+            return;
+        }
+        match audit_once(store.as_ref(), layout, config, &mut tracker, start).await {
+            Ok(newly) => {
+                for id in newly {
+                    if marked.insert(id) {
+                        info!(ledger = id, "auditor marked ledger under-replicated");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "audit failed"),
+        }
+        // Poll at least every grace/4 so a loss is acted on soon after the grace.
+        let ms = config
+            .audit_interval_ms
+            .min((config.lost_bookie_grace_ms / 4).max(50));
+        if wait_or_shutdown(shutdown, ms).await {
+            return;
+        }
+    }
+}
+
+async fn audit_once(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    config: &AutorecoveryConfig,
+    tracker: &mut LostTracker,
+    start: Instant,
+) -> Result<Vec<u64>, MetadataError> {
+    let live = live_bookies(store, layout).await?;
+    let ledgers = all_ledgers(store, layout).await?;
+    let named: BTreeSet<BookieId> = ledgers
+        .iter()
+        .flat_map(|(_, md)| bookies_named(md))
+        .collect();
+    let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let lost = tracker.observe(now, &named, &live, config.lost_bookie_grace_ms);
+    if lost.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (id, bookies) in ledgers_to_mark(&ledgers, &lost) {
+        if mark_underreplicated(store, layout, id, &bookies).await? {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+async fn worker_loop(
+    store: Arc<dyn MetadataStore>,
+    layout: Layout,
+    client: LedgerClient,
+    config: AutorecoveryConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut worker = Worker::new(store, layout, client, config.clone());
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if let Err(e) = worker.scan_once().await {
+            warn!(error = %e, "worker scan failed");
+        }
+        if wait_or_shutdown(&mut shutdown, config.audit_interval_ms.min(1_000)).await {
+            return;
+        }
+    }
+}
+
+/// The worker (see the module doc); public so tests and tools can run one
+/// pass without the loop.
+pub struct Worker {
+    store: Arc<dyn MetadataStore>,
+    layout: Layout,
+    client: LedgerClient,
+    config: AutorecoveryConfig,
+    conns: HashMap<(BookieId, u64), BookieClient>,
+    first_seen_open: BTreeMap<u64, Instant>,
+    throttle: Throttle,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("name", &self.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one ledger's attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Fully replicated; the mark was deleted.
+    Done {
+        /// Entries copied.
+        entries_copied: u64,
+    },
+    /// Locked by another worker.
+    Locked,
+    /// Open and within its grace period.
+    Deferred,
+}
+
+impl Worker {
+    /// A worker on `store` with its own throttle.
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        layout: Layout,
+        client: LedgerClient,
+        config: AutorecoveryConfig,
+    ) -> Worker {
+        let throttle = Throttle::new(
+            config.replication_entries_per_s_max,
+            config.replication_bytes_per_s_max,
+        );
+        Worker {
+            store,
+            layout,
+            client,
+            config,
+            conns: HashMap::new(),
+            first_seen_open: BTreeMap::new(),
+            throttle,
+        }
+    }
+
+    /// One pass over the marked ledgers; returns how many were finished.
+    pub async fn scan_once(&mut self) -> Result<usize, MetadataError> {
+        let marked = list_underreplicated(self.store.as_ref(), &self.layout).await?;
+        let mut done = 0;
+        for (id, data) in marked {
+            match self.replicate_ledger(id, &data).await {
+                Ok(Outcome::Done { entries_copied }) => {
+                    info!(ledger = id, entries_copied, "ledger re-replicated");
+                    done += 1;
+                }
+                Ok(o) => debug!(ledger = id, outcome = ?o, "ledger not replicated now"),
+                Err(e) => warn!(ledger = id, error = %e, "re-replication failed; will retry"),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Takes the lock of `ledger_id` and re-replicates it (`reported`: the
+    /// mark's data, bookies named lost).
+    pub async fn replicate_ledger(
+        &mut self,
+        ledger_id: u64,
+        reported: &str,
+    ) -> Result<Outcome, ReplicationError> {
+        let locks = self.layout.autorecovery_locks();
+        self.store.create_all(&locks).await?;
+        let lock = join(&locks, &ledger_id.to_string());
+        match self
+            .store
+            .create(&lock, self.config.name.as_bytes(), CreateMode::Ephemeral)
+            .await
+        {
+            Ok(_) => {}
+            Err(MetadataError::NodeExists(_)) => return Ok(Outcome::Locked),
+            Err(e) => return Err(e.into()),
+        }
+        let res = self.replicate_locked(ledger_id, reported).await;
+        if let Err(e) = self.store.delete(&lock, Expected::Any).await {
+            warn!(ledger = ledger_id, error = %e, "releasing the replication lock");
+        }
+        res
+    }
+
+    async fn replicate_locked(
+        &mut self,
+        ledger_id: u64,
+        reported: &str,
+    ) -> Result<Outcome, ReplicationError> {
+        let mark = underreplicated_path(&self.layout, ledger_id);
+        let md = match self.client.ledger_metadata(ledger_id).await {
+            Ok(md) => md,
+            Err(LedgerError::NoSuchLedger(_)) => {
+                self.delete_mark(&mark).await?;
+                return Ok(Outcome::Done { entries_copied: 0 });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let st = status(&md).map_err(|e| ReplicationError::Swap(e.to_string()))?;
+        let md = if st == LedgerStatus::LedgerClosed {
+            md
+        } else {
+            let seen = *self
+                .first_seen_open
+                .entry(ledger_id)
+                .or_insert_with(Instant::now);
+            if st == LedgerStatus::LedgerOpen
+                && seen.elapsed() < Duration::from_millis(self.config.open_ledger_grace_ms)
+            {
+                return Ok(Outcome::Deferred);
+            }
+            info!(
+                ledger = ledger_id,
+                "recovery-opening an open under-replicated ledger"
+            );
+            self.client.open_ledger(ledger_id, true).await?;
+            self.first_seen_open.remove(&ledger_id);
+            self.client.ledger_metadata(ledger_id).await?
+        };
+        self.client.refresh_bookies().await?;
+        let bookies = self.client.bookies();
+        let live: BTreeSet<BookieId> = bookies.iter().map(|b| b.id.clone()).collect();
+        let mut lost: BTreeSet<BookieId> = bookies_named(&md)
+            .into_iter()
+            .filter(|b| !live.contains(b))
+            .collect();
+        lost.extend(
+            reported
+                .split(',')
+                .map(str::trim)
+                .filter(|b| !b.is_empty() && bookies_named(&md).contains(*b))
+                .map(str::to_string),
+        );
+        let mut copied = 0;
+        for seg in copy_plan(&md, &lost)? {
+            copied += self.restore_segment(ledger_id, &md, &seg, &bookies).await?;
+        }
+        self.delete_mark(&mark).await?;
+        Ok(Outcome::Done {
+            entries_copied: copied,
+        })
+    }
+
+    async fn delete_mark(&self, mark: &str) -> Result<(), MetadataError> {
+        match self.store.delete(mark, Expected::Any).await {
+            Ok(()) | Err(MetadataError::NoNode(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn conn(&mut self, info: &BookieInfo) -> Result<BookieClient, String> {
+        let key = (info.id.clone(), info.incarnation);
+        if let Some(c) = self.conns.get(&key)
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let opts = ClientOptions {
+            connect_timeout_ms: 2_000,
+            request_timeout_ms: 5_000,
+            add_queue_max: 1_000,
+        };
+        let c = BookieClient::connect(&info.id, info.incarnation, &info.endpoint, opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.conns.insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// Copies one segment's entries to a replacement, then swaps it in.
+    async fn restore_segment(
+        &mut self,
+        ledger_id: u64,
+        md: &LedgerMetadata,
+        seg: &SegmentCopy,
+        bookies: &[BookieInfo],
+    ) -> Result<u64, ReplicationError> {
+        let chosen: Vec<Replacement> = {
+            let mut rng = rand::rng();
+            choose_replacements(
+                bookies,
+                &seg.ensemble,
+                std::slice::from_ref(&seg.lost),
+                &BTreeSet::new(),
+                &mut rng,
+            )
+        };
+        let Some(rep) = chosen.into_iter().next() else {
+            return Err(ReplicationError::NoReplacement(seg.lost.clone()));
+        };
+        let Some(target_info) = bookies.iter().find(|b| b.id == rep.new).cloned() else {
+            return Err(ReplicationError::NoReplacement(seg.lost.clone()));
+        };
+        info!(ledger = ledger_id, segment = seg.first_entry_id, lost = %seg.lost, replacement = %rep.new,
+            entries = seg.entries.len(), "copying segment");
+        let target =
+            self.conn(&target_info)
+                .await
+                .map_err(|reason| ReplicationError::CopyFailed {
+                    entry_id: seg.entries.first().map_or(-1, |e| e.entry_id),
+                    bookie: rep.new.clone(),
+                    reason,
+                })?;
+        let key = master_key(&md.password);
+        for c in &seg.entries {
+            let body = self
+                .read_verified(ledger_id, c.entry_id, &c.sources, bookies)
+                .await?;
+            self.throttle.admit(body.len() as u64).await;
+            let st = target
+                .add(ledger_id, c.entry_id, key.clone(), true, body)
+                .await
+                .map_err(|e| ReplicationError::CopyFailed {
+                    entry_id: c.entry_id,
+                    bookie: rep.new.clone(),
+                    reason: e.to_string(),
+                })?;
+            if st != StatusCode::Ok {
+                return Err(ReplicationError::CopyFailed {
+                    entry_id: c.entry_id,
+                    bookie: rep.new.clone(),
+                    reason: format!("{st:?}"),
+                });
+            }
+        }
+        self.swap(ledger_id, seg.first_entry_id, &seg.lost, &rep.new)
+            .await?;
+        info!(ledger = ledger_id, segment = seg.first_entry_id, lost = %seg.lost, replacement = %rep.new, "segment restored");
+        Ok(seg.entries.len() as u64)
+    }
+
+    /// Reads entry `entry_id` from the first source that returns it with a
+    /// good digest.
+    async fn read_verified(
+        &mut self,
+        ledger_id: u64,
+        entry_id: i64,
+        sources: &[BookieId],
+        bookies: &[BookieInfo],
+    ) -> Result<Bytes, ReplicationError> {
+        for s in sources {
+            let Some(info) = bookies.iter().find(|b| &b.id == s).cloned() else {
+                continue;
+            };
+            let Ok(c) = self.conn(&info).await else {
+                continue;
+            };
+            match c.read(ledger_id, entry_id, None, "autorecovery").await {
+                Ok(r) if read_status(&r) == StatusCode::Ok => {
+                    match Entry::decode_expected(r.body.clone(), ledger_id, entry_id) {
+                        Ok(_) => return Ok(r.body),
+                        Err(e) => {
+                            warn!(ledger = ledger_id, entry = entry_id, bookie = %s, error = %e, "bad replica")
+                        }
+                    }
+                }
+                Ok(r) => {
+                    debug!(ledger = ledger_id, entry = entry_id, bookie = %s, status = ?read_status(&r), "read refused")
+                }
+                Err(e) => {
+                    debug!(ledger = ledger_id, entry = entry_id, bookie = %s, error = %e, "read failed")
+                }
+            }
+        }
+        Err(ReplicationError::Unreadable { entry_id })
+    }
+
+    /// CASes `new` in place of `old` in the segment at `first_entry_id`.
+    async fn swap(
+        &self,
+        ledger_id: u64,
+        first_entry_id: i64,
+        old: &str,
+        new: &str,
+    ) -> Result<(), ReplicationError> {
+        let path = self.layout.ledger(ledger_id);
+        for _ in 0..20 {
+            let (data, stat) = self.store.get(&path).await?;
+            let md = LedgerMetadata::decode(data.as_slice())
+                .map_err(|e| ReplicationError::Swap(e.to_string()))?;
+            let Some(next) = plan::replace_in_segment(&md, first_entry_id, old, new)
+                .map_err(|e| ReplicationError::Swap(e.to_string()))?
+            else {
+                return Ok(());
+            };
+            match self
+                .store
+                .set(
+                    &path,
+                    &next.encode_to_vec(),
+                    Expected::Version(stat.version),
+                )
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(MetadataError::BadVersion { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ReplicationError::Swap("too many version conflicts".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_throttle_delays_to_the_slower_of_its_two_bounds() {
+        let mut t = Throttle::new(100, 1_000);
+        t.entries = 10;
+        t.bytes = 100;
+        // 10 entries at 100/s = 100 ms; 100 bytes at 1000/s = 100 ms.
+        assert_eq!(t.delay(Duration::ZERO), Duration::from_millis(100));
+        t.bytes = 500;
+        assert_eq!(
+            t.delay(Duration::from_millis(200)),
+            Duration::from_millis(300)
+        );
+        assert_eq!(t.delay(Duration::from_secs(1)), Duration::ZERO);
+        let u = Throttle {
+            entries: 1_000_000,
+            bytes: 1 << 40,
+            ..Throttle::new(0, 0)
+        };
+        assert_eq!(u.delay(Duration::ZERO), Duration::ZERO);
+    }
+}
