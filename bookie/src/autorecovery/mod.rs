@@ -202,6 +202,26 @@ pub async fn run(
     info!("autorecovery stopped");
 }
 
+/// [`run`] with its own ledger client on `store` (default client options);
+/// closes `store` when done. What `cms-bookie autorecovery` and
+/// `serve --autorecovery` run.
+pub async fn run_standalone(
+    store: Arc<dyn MetadataStore>,
+    layout: Layout,
+    config: AutorecoveryConfig,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), LedgerError> {
+    let client = LedgerClient::connect(
+        store.clone(),
+        layout.clone(),
+        crate::client::driver::LedgerClientOptions::default(),
+    )
+    .await?;
+    run(store.clone(), layout, client, config, shutdown).await;
+    store.close().await;
+    Ok(())
+}
+
 async fn wait_or_shutdown(shutdown: &mut watch::Receiver<bool>, ms: u64) -> bool {
     if *shutdown.borrow() {
         return true;
@@ -771,6 +791,153 @@ impl Worker {
         }
         Err(ReplicationError::Swap("too many version conflicts".into()))
     }
+}
+
+/// Which of its entries one replica of one segment holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaPresence {
+    /// The bookie.
+    pub bookie: BookieId,
+    /// False when it is not registered or not reachable.
+    pub reachable: bool,
+    /// Entries its write sets give it in the segment.
+    pub expected: u64,
+    /// Of those, entries it returned (status OK; the digest is not checked).
+    pub present: u64,
+    /// The first entries it lacks (at most 10).
+    pub missing: Vec<i64>,
+}
+
+/// Per-replica presence of one segment's entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentPresence {
+    /// The segment's first entry.
+    pub first_entry_id: i64,
+    /// Its last entry (below the first when empty).
+    pub last_entry_id: i64,
+    /// One row per ensemble bookie, in ensemble order.
+    pub replicas: Vec<ReplicaPresence>,
+}
+
+/// Asks every replica of every segment of `md` for each entry it should hold
+/// up to `last_entry_id`.
+pub async fn replica_presence(
+    client: &LedgerClient,
+    md: &LedgerMetadata,
+    last_entry_id: i64,
+) -> Result<Vec<SegmentPresence>, ReplicationError> {
+    let spec = crate::client::metadata::quorum_spec(md)
+        .map_err(|e| ReplicationError::Swap(e.to_string()))?;
+    let bookies = client.bookies();
+    let mut conns: HashMap<BookieId, Option<BookieClient>> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, seg) in md.segments.iter().enumerate() {
+        let end = md
+            .segments
+            .get(i + 1)
+            .map_or(last_entry_id, |n| n.first_entry_id - 1)
+            .min(last_entry_id);
+        let mut replicas = Vec::new();
+        for (slot, b) in seg.ensemble.iter().enumerate() {
+            if !conns.contains_key(b) {
+                let c = match bookies.iter().find(|x| &x.id == b) {
+                    Some(info) => BookieClient::connect(
+                        &info.id,
+                        info.incarnation,
+                        &info.endpoint,
+                        ClientOptions {
+                            connect_timeout_ms: 2_000,
+                            request_timeout_ms: 5_000,
+                            add_queue_max: 16,
+                        },
+                    )
+                    .await
+                    .ok(),
+                    None => None,
+                };
+                conns.insert(b.clone(), c);
+            }
+            let conn = conns.get(b).cloned().flatten();
+            let mut row = ReplicaPresence {
+                bookie: b.clone(),
+                reachable: conn.is_some(),
+                expected: 0,
+                present: 0,
+                missing: Vec::new(),
+            };
+            let mut e = seg.first_entry_id;
+            while e <= end {
+                if spec.in_write_set(e, slot) {
+                    row.expected += 1;
+                    let ok = match &conn {
+                        Some(c) => c
+                            .read(md.ledger_id, e, None, "autorecovery")
+                            .await
+                            .is_ok_and(|r| read_status(&r) == StatusCode::Ok),
+                        None => false,
+                    };
+                    if ok {
+                        row.present += 1;
+                    } else if row.missing.len() < 10 {
+                        row.missing.push(e);
+                    }
+                }
+                e += 1;
+            }
+            replicas.push(row);
+        }
+        out.push(SegmentPresence {
+            first_entry_id: seg.first_entry_id,
+            last_entry_id: end,
+            replicas,
+        });
+    }
+    Ok(out)
+}
+
+/// A human-readable report of a ledger: metadata and per-replica presence
+/// (what `cms-bookie ledger <id>` prints).
+pub async fn describe_ledger(
+    client: &LedgerClient,
+    ledger_id: u64,
+) -> Result<String, ReplicationError> {
+    use std::fmt::Write as _;
+    let md = client.ledger_metadata(ledger_id).await?;
+    let st = status(&md).map_or_else(|e| e.to_string(), |s| format!("{s:?}"));
+    let last = if status(&md).is_ok_and(|s| s == LedgerStatus::LedgerClosed) {
+        md.last_entry_id
+    } else {
+        let r = client.open_ledger(ledger_id, false).await?;
+        r.read_lac().await.unwrap_or(-1)
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "ledger {ledger_id}: {st}, last entry {} (probed to {last}), length {} bytes, E={} Qw={} Qa={}",
+        md.last_entry_id, md.length, md.ensemble_size, md.write_quorum, md.ack_quorum
+    );
+    for seg in replica_presence(client, &md, last).await? {
+        let _ = writeln!(
+            out,
+            "segment from entry {} to {}:",
+            seg.first_entry_id, seg.last_entry_id
+        );
+        for r in seg.replicas {
+            let state = if !r.reachable {
+                "UNAVAILABLE".to_string()
+            } else if r.present == r.expected {
+                "complete".to_string()
+            } else {
+                format!("MISSING (first: {:?})", r.missing)
+            };
+            let _ = writeln!(
+                out,
+                "  {}: {}/{} entries, {state}",
+                r.bookie, r.present, r.expected
+            );
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -294,6 +294,19 @@ pub async fn run(
         stop_rx.clone(),
     )));
 
+    if cfg.autorecovery {
+        let ar_store = connect(&url, &opts).await.map_err(md)?;
+        let ar = cfg.autorecovery_config(&bookie_id);
+        let (ar_layout, ar_stop) = (layout.clone(), stop_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) =
+                crate::autorecovery::run_standalone(ar_store, ar_layout, ar, ar_stop).await
+            {
+                error!(error = %e, "autorecovery stopped");
+            }
+        }));
+    }
+
     shutdown.await;
     info!("shutting down: draining");
     core.set_mode(BookieMode::Draining);
