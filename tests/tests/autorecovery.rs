@@ -1,0 +1,202 @@
+//! Autorecovery against real processes: a harness ZooKeeper, 4 `cms-bookie
+//! serve` bookies and a `cms-bookie autorecovery` process. A bookie killed for
+//! good is replaced in every ledger naming it, with every entry it held copied
+//! to the replacement (checked entry by entry, digest-verified, on every
+//! replica); an open ledger is fenced and recovered first, so its writer's
+//! next add fails as fenced.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a panic is the test failing"
+)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use cms_bookie::autorecovery::{list_underreplicated, plan::bookies_named};
+use cms_bookie::client::driver::{LedgerClient, LedgerError};
+use cms_bookie::client::writer::WriterError;
+use cms_bookie::metadata::layout::Layout;
+use cms_bookie::proto::metadata::LedgerStatus;
+use cms_tests::cluster::{
+    ROOT, autorecovery_process, init_store, ledger_client, ledger_client_options, ledger_payload,
+    replica_mismatches, start_bookies,
+};
+use cms_tests::harness::wait::eventually;
+use cms_tests::harness::zookeeper::{ZkConfig, ZooKeeper};
+
+const SIZE: usize = 300;
+
+async fn zk() -> ZooKeeper {
+    ZooKeeper::start_with(ZkConfig::with_tick_time_ms(1_000)).await
+}
+
+fn payload(e: i64) -> Vec<u8> {
+    ledger_payload(e, SIZE)
+}
+
+/// True when no ledger of `ids` names `dead` and every entry is on every
+/// replica of its write set.
+async fn fully_replicated(
+    client: &LedgerClient,
+    bookies: &[cms_tests::cluster::BookieNode],
+    ids: &[u64],
+    dead: &str,
+) -> bool {
+    for id in ids {
+        let Ok(md) = client.ledger_metadata(*id).await else {
+            return false;
+        };
+        if bookies_named(&md).contains(dead) {
+            return false;
+        }
+        if !replica_mismatches(client, bookies, *id, payload)
+            .await
+            .is_empty()
+        {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bookie_lost_for_good_is_replaced_in_every_ledger_with_every_entry_copied() {
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 4).await;
+    let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let w = client
+            .create_ledger(3, 2, 2, b"pw", HashMap::new())
+            .await
+            .unwrap();
+        for e in 0..40 {
+            assert_eq!(w.add(payload(e)).await.unwrap(), e);
+        }
+        w.close().await.unwrap();
+        ids.push(w.ledger_id());
+    }
+    let first = client.ledger_metadata(ids[0]).await.unwrap();
+    let dead = first.segments[0].ensemble[0].clone();
+    let naming: Vec<u64> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            if bookies_named(&client.ledger_metadata(*id).await.unwrap()).contains(&dead) {
+                v.push(*id);
+            }
+        }
+        v
+    };
+    assert!(!naming.is_empty());
+    for id in &ids {
+        assert!(
+            replica_mismatches(&client, &bookies, *id, payload)
+                .await
+                .is_empty()
+        );
+    }
+
+    let _ar = autorecovery_process(&zk.connect_string(), 2_000, &[]);
+    bookies
+        .iter_mut()
+        .find(|b| b.id == dead)
+        .unwrap()
+        .process
+        .kill();
+
+    eventually(
+        "every ledger is fully replicated without the dead bookie",
+        40_000,
+        || fully_replicated(&client, &bookies, &ids, &dead),
+    )
+    .await;
+    let store = init_store(&zk.connect_string()).await;
+    let layout = Layout::new(ROOT).unwrap();
+    eventually("no ledger is left marked under-replicated", 10_000, || {
+        let store = store.clone();
+        let layout = layout.clone();
+        async move {
+            list_underreplicated(store.as_ref(), &layout)
+                .await
+                .unwrap()
+                .is_empty()
+        }
+    })
+    .await;
+    // Ledgers that never named the dead bookie were left as they were.
+    for id in ids.iter().filter(|id| !naming.contains(id)) {
+        let md = client.ledger_metadata(*id).await.unwrap();
+        assert_eq!(md.segments.len(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_ledger_is_fenced_recovered_and_re_replicated_and_its_writer_is_fenced() {
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 4).await;
+    let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    let w = client
+        .create_ledger(3, 2, 2, b"pw", HashMap::new())
+        .await
+        .unwrap();
+    let id = w.ledger_id();
+    for e in 0..30 {
+        assert_eq!(w.add(payload(e)).await.unwrap(), e);
+    }
+    let dead = client.ledger_metadata(id).await.unwrap().segments[0].ensemble[1].clone();
+    // The writer keeps writing through the loss until it is fenced.
+    let acked = Arc::new(AtomicI64::new(29));
+    let writer = {
+        let w = w.clone();
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            let mut next = 30;
+            loop {
+                match w.add(payload(next)).await {
+                    Ok(e) => {
+                        acked.store(e, Ordering::SeqCst);
+                        next += 1;
+                    }
+                    Err(err) => return err,
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let _ar = autorecovery_process(&zk.connect_string(), 2_000, &[]);
+    bookies
+        .iter_mut()
+        .find(|b| b.id == dead)
+        .unwrap()
+        .process
+        .kill();
+
+    let ids: &[u64] = &[id];
+    let err = tokio::time::timeout(std::time::Duration::from_secs(40), writer)
+        .await
+        .expect("the writer was never fenced")
+        .unwrap();
+    assert_eq!(err, LedgerError::Writer(WriterError::Fenced));
+    eventually(
+        "the ledger is fully replicated without the dead bookie",
+        30_000,
+        || fully_replicated(&client, &bookies, ids, &dead),
+    )
+    .await;
+    let md = client.ledger_metadata(id).await.unwrap();
+    assert_eq!(md.status, LedgerStatus::LedgerClosed as i32);
+    assert!(
+        md.last_entry_id >= acked.load(Ordering::SeqCst),
+        "closed at {} below acked {}",
+        md.last_entry_id,
+        acked.load(Ordering::SeqCst)
+    );
+    // The writer's next add fails as fenced, too.
+    assert_eq!(
+        w.add(payload(md.last_entry_id + 1)).await.unwrap_err(),
+        LedgerError::Writer(WriterError::Fenced)
+    );
+}
