@@ -205,18 +205,28 @@ pub async fn managed_ledger_env(zk: &str) -> (LedgerClient, Arc<dyn MetadataStor
 /// A `cms-bookie autorecovery` process (auditor + worker) against ZooKeeper
 /// `zk`, with test-sized grace periods: a bookie is lost after
 /// `lost_bookie_grace_ms`, an open ledger is recovered after 1 s, audits
-/// every 200 ms, no throttle; `extra` flags are appended.
+/// every 200 ms, no throttle; `extra` flags (`--name=value`) are appended and
+/// replace a default of the same name.
 pub fn autorecovery_process(zk: &str, lost_bookie_grace_ms: u64, extra: &[&str]) -> Process {
+    let defaults = [
+        format!("--metadata-url=zk://{zk}"),
+        "--metadata-session-timeout-ms=4000".to_string(),
+        format!("--lost-bookie-grace-ms={lost_bookie_grace_ms}"),
+        "--open-ledger-grace-ms=1000".to_string(),
+        "--autorecovery-interval-ms=200".to_string(),
+        "--replication-entries-per-s-max=0".to_string(),
+        "--replication-bytes-per-s-max=0".to_string(),
+    ];
+    let name = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+    let overridden: Vec<String> = extra.iter().map(|a| name(a)).collect();
     ProcessBuilder::new("cms-bookie")
         .name("autorecovery")
         .arg("autorecovery")
-        .arg(format!("--metadata-url=zk://{zk}"))
-        .arg("--metadata-session-timeout-ms=4000")
-        .arg(format!("--lost-bookie-grace-ms={lost_bookie_grace_ms}"))
-        .arg("--open-ledger-grace-ms=1000")
-        .arg("--autorecovery-interval-ms=200")
-        .arg("--replication-entries-per-s-max=0")
-        .arg("--replication-bytes-per-s-max=0")
+        .args(
+            defaults
+                .into_iter()
+                .filter(|d| !overridden.contains(&name(d))),
+        )
         .args(extra.iter().copied())
         .spawn()
 }

@@ -200,3 +200,131 @@ async fn an_open_ledger_is_fenced_recovered_and_re_replicated_and_its_writer_is_
         LedgerError::Writer(WriterError::Fenced)
     );
 }
+
+/// Runs `cms-bookie args...` to completion (bounded); exit code and stdout.
+async fn cms_bookie(args: &[&str]) -> (Option<i32>, String) {
+    let binary = cms_tests::harness::bins::find("cms-bookie").unwrap();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(&binary)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_and_list_underreplicated_commands_show_replicas_and_marks() {
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
+    let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    let w = client
+        .create_ledger(3, 2, 2, b"pw", HashMap::new())
+        .await
+        .unwrap();
+    for e in 0..9 {
+        w.add(payload(e)).await.unwrap();
+    }
+    w.close().await.unwrap();
+    let id = w.ledger_id();
+    let url = format!("--metadata-url=zk://{}", zk.connect_string());
+    let (code, out) = cms_bookie(&["ledger", &id.to_string(), &url]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("LedgerClosed, last entry 8"), "{out}");
+    // E=3 Qw=2, 9 entries: each bookie holds 6.
+    assert_eq!(out.matches("6/6 entries, complete").count(), 3, "{out}");
+
+    let (code, out) = cms_bookie(&["list-underreplicated", &url]).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("no under-replicated ledger"), "{out}");
+
+    bookies[2].process.kill();
+    let store = init_store(&zk.connect_string()).await;
+    let layout = Layout::new(ROOT).unwrap();
+    cms_bookie::autorecovery::mark_underreplicated(
+        store.as_ref(),
+        &layout,
+        id,
+        &[bookies[2].id.clone()],
+    )
+    .await
+    .unwrap();
+    let (code, out) = cms_bookie(&["list-underreplicated", &url]).await;
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out.trim(),
+        format!("{id}\tlost: {}", bookies[2].id),
+        "{out}"
+    );
+    let (code, out) = cms_bookie(&["ledger", &id.to_string(), &url]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("{}: 0/6 entries, UNAVAILABLE", bookies[2].id)),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_copy_leaves_the_metadata_alone_and_another_finishes() {
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 4).await;
+    let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    let w = client
+        .create_ledger(3, 2, 2, b"pw", HashMap::new())
+        .await
+        .unwrap();
+    for e in 0..60 {
+        w.add(payload(e)).await.unwrap();
+    }
+    w.close().await.unwrap();
+    let id = w.ledger_id();
+    let before = client.ledger_metadata(id).await.unwrap();
+    let dead = before.segments[0].ensemble[0].clone();
+    bookies
+        .iter_mut()
+        .find(|b| b.id == dead)
+        .unwrap()
+        .process
+        .kill();
+    // 10 entries/s: the 40 entries the dead bookie held take ~4 s to copy.
+    let mut slow = autorecovery_process(
+        &zk.connect_string(),
+        500,
+        &["--replication-entries-per-s-max=10"],
+    );
+    let store = init_store(&zk.connect_string()).await;
+    let layout = Layout::new(ROOT).unwrap();
+    let lock = format!("{}/{id}", layout.autorecovery_locks());
+    eventually("the slow worker holds the ledger's lock", 20_000, || {
+        let store = store.clone();
+        let lock = lock.clone();
+        async move { store.exists(&lock).await.unwrap().is_some() }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    slow.kill();
+    // Mid-copy: nothing was swapped in.
+    assert_eq!(client.ledger_metadata(id).await.unwrap(), before);
+    assert_eq!(
+        list_underreplicated(store.as_ref(), &layout)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    // The killed worker's lock goes with its session; another worker finishes.
+    let _ar = autorecovery_process(&zk.connect_string(), 500, &[]);
+    let ids: &[u64] = &[id];
+    eventually("another worker re-replicated the ledger", 40_000, || {
+        fully_replicated(&client, &bookies, ids, &dead)
+    })
+    .await;
+}
