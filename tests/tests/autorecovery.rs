@@ -328,3 +328,58 @@ async fn a_worker_killed_mid_copy_leaves_the_metadata_alone_and_another_finishes
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookies_serving_with_autorecovery_replace_a_dead_bookie_even_if_it_was_the_auditor() {
+    let zk = zk().await;
+    let zks = zk.connect_string();
+    init_store(&zks).await.close().await;
+    let flags = [
+        "--autorecovery",
+        "--lost-bookie-grace-ms=1000",
+        "--open-ledger-grace-ms=1000",
+        "--autorecovery-interval-ms=200",
+    ];
+    let mut bookies = Vec::new();
+    for i in 1..=4 {
+        bookies.push(cms_tests::cluster::BookieNode::start(&format!("b{i}"), &zks, &flags).await);
+    }
+    let client = ledger_client(&zks, ledger_client_options()).await;
+    let store = init_store(&zks).await;
+    let layout = Layout::new(ROOT).unwrap();
+    // The auditor is the first bookie to win the election; kill that one.
+    let mut auditor = String::new();
+    eventually("an auditor is elected", 10_000, || {
+        let store = store.clone();
+        let path = layout.auditor();
+        async move { store.exists(&path).await.unwrap().is_some() }
+    })
+    .await;
+    let (data, _) = store.get(&layout.auditor()).await.unwrap();
+    auditor.push_str(&String::from_utf8(data).unwrap());
+    let w = client
+        .create_ledger(4, 3, 2, b"pw", HashMap::new())
+        .await
+        .unwrap();
+    for e in 0..30 {
+        w.add(payload(e)).await.unwrap();
+    }
+    w.close().await.unwrap();
+    let id = w.ledger_id();
+    // E=4 on 4 bookies: the ledger names the auditor; without a spare bookie
+    // a fifth one must join to take its place.
+    bookies
+        .iter_mut()
+        .find(|b| b.id == auditor)
+        .unwrap()
+        .process
+        .kill();
+    bookies.push(cms_tests::cluster::BookieNode::start("b5", &zks, &flags).await);
+    let ids: &[u64] = &[id];
+    eventually(
+        "the ledger is fully replicated without the dead auditor",
+        45_000,
+        || fully_replicated(&client, &bookies, ids, &auditor),
+    )
+    .await;
+}
