@@ -383,3 +383,64 @@ async fn bookies_serving_with_autorecovery_replace_a_dead_bookie_even_if_it_was_
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_formatted_bookie_restores_its_entries_from_replicas_and_leaves_limbo() {
+    use cms_bookie::bookie_client::read_status;
+    use cms_bookie::entry::Entry;
+    use cms_bookie::proto::bookie::StatusCode;
+
+    let zk = zk().await;
+    let zks = zk.connect_string();
+    let mut bookies = start_bookies(&zks, 3).await;
+    let client = ledger_client(&zks, ledger_client_options()).await;
+    let w = client
+        .create_ledger(3, 3, 2, b"pw", HashMap::new())
+        .await
+        .unwrap();
+    for e in 0..25 {
+        w.add(payload(e)).await.unwrap();
+    }
+    w.close().await.unwrap();
+    let id = w.ledger_id();
+
+    let b3 = &mut bookies[2];
+    b3.process.stop().await;
+    let dir = b3.process.dir().to_path_buf();
+    let (code, out) = cms_bookie(&[
+        "format",
+        "--yes",
+        &format!("--metadata-url=zk://{zks}"),
+        "--bookie-id=b3",
+        &format!("--journal-dir={}", dir.join("journal").display()),
+        &format!("--ledger-dir={}", dir.join("ledgers").display()),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("incarnation 2"), "{out}");
+    b3.restart().await;
+    let c = b3.client_for(2).await;
+    eventually(
+        "b3 holds every entry again and the ledger left limbo",
+        30_000,
+        || {
+            let c = c.clone();
+            async move {
+                for e in 0..25 {
+                    let Ok(r) = c.read(id, e, None, "test").await else {
+                        return false;
+                    };
+                    if read_status(&r) != StatusCode::Ok {
+                        return false;
+                    }
+                    let entry = Entry::decode_expected(r.body, id, e).unwrap();
+                    assert_eq!(entry.payload.as_ref(), payload(e).as_slice());
+                }
+                // Out of limbo: a missing entry is NO_ENTRY again, not UNKNOWN_LEDGER_STATE.
+                let r = c.read(id, 1_000, None, "test").await.unwrap();
+                read_status(&r) == StatusCode::NoEntry
+            }
+        },
+    )
+    .await;
+}

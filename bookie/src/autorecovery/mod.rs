@@ -659,6 +659,83 @@ impl Worker {
         Ok(c)
     }
 
+    /// The integrity check of one ledger for bookie `me` (DESIGN §4.3): every
+    /// entry `me`'s slots should hold that it does not return digest-verified
+    /// is copied to it from another replica with RECOVERY_ADD. A ledger not
+    /// yet closed is recovery-opened first (its writer is fenced). Returns the
+    /// entries copied; `Ok` means `me` holds all of them and may leave limbo.
+    pub async fn restore_own(
+        &mut self,
+        me: &BookieInfo,
+        ledger_id: u64,
+    ) -> Result<u64, ReplicationError> {
+        let md = match self.client.ledger_metadata(ledger_id).await {
+            Ok(md) => md,
+            Err(LedgerError::NoSuchLedger(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        if !bookies_named(&md).contains(&me.id) {
+            return Ok(0);
+        }
+        let md = if status(&md).is_ok_and(|s| s == LedgerStatus::LedgerClosed) {
+            md
+        } else {
+            info!(
+                ledger = ledger_id,
+                "integrity check: recovery-opening an unclosed ledger"
+            );
+            self.client.open_ledger(ledger_id, true).await?;
+            self.client.ledger_metadata(ledger_id).await?
+        };
+        self.client.refresh_bookies().await?;
+        let bookies = self.client.bookies();
+        let lost: BTreeSet<BookieId> = [me.id.clone()].into();
+        let target = self
+            .conn(me)
+            .await
+            .map_err(|reason| ReplicationError::CopyFailed {
+                entry_id: -1,
+                bookie: me.id.clone(),
+                reason,
+            })?;
+        let key = master_key(&md.password);
+        let mut copied = 0;
+        for seg in copy_plan(&md, &lost)? {
+            for c in &seg.entries {
+                let have = target
+                    .read(ledger_id, c.entry_id, None, "autorecovery")
+                    .await
+                    .ok()
+                    .filter(|r| read_status(r) == StatusCode::Ok)
+                    .is_some_and(|r| Entry::decode_expected(r.body, ledger_id, c.entry_id).is_ok());
+                if have {
+                    continue;
+                }
+                let body = self
+                    .read_verified(ledger_id, c.entry_id, &c.sources, &bookies)
+                    .await?;
+                self.throttle.admit(body.len() as u64).await;
+                let st = target
+                    .add(ledger_id, c.entry_id, key.clone(), true, body)
+                    .await
+                    .map_err(|e| ReplicationError::CopyFailed {
+                        entry_id: c.entry_id,
+                        bookie: me.id.clone(),
+                        reason: e.to_string(),
+                    })?;
+                if st != StatusCode::Ok {
+                    return Err(ReplicationError::CopyFailed {
+                        entry_id: c.entry_id,
+                        bookie: me.id.clone(),
+                        reason: format!("{st:?}"),
+                    });
+                }
+                copied += 1;
+            }
+        }
+        Ok(copied)
+    }
+
     /// Copies one segment's entries to a replacement, then swaps it in.
     async fn restore_segment(
         &mut self,

@@ -294,6 +294,22 @@ pub async fn run(
         stop_rx.clone(),
     )));
 
+    // Integrity check (DESIGN §4.3): ledgers in limbo leave it once this
+    // bookie holds again every entry it should.
+    tasks.push(tokio::spawn(integrity_loop(
+        cfg.clone(),
+        core.clone(),
+        registrar.clone(),
+        layout.clone(),
+        crate::client::driver::placement::BookieInfo {
+            id: bookie_id.clone(),
+            endpoint: format!("{host}:{}", grpc_addr.port()),
+            incarnation,
+            rack: cfg.rack.clone(),
+            writable: true,
+        },
+        stop_rx.clone(),
+    )));
     if cfg.autorecovery {
         let ar_store = connect(&url, &opts).await.map_err(md)?;
         let ar = cfg.autorecovery_config(&bookie_id);
@@ -470,6 +486,95 @@ async fn disk_loop(
             }
         }
     }
+}
+
+/// Ledgers this bookie holds in limbo.
+fn limbo_ledgers(core: &BookieCore) -> Vec<u64> {
+    let ids = match core.storage().ledger_ids() {
+        Ok(ids) => ids,
+        Err(e) => {
+            warn!(error = %e, "integrity check: listing ledgers failed");
+            return Vec::new();
+        }
+    };
+    ids.into_iter()
+        .filter(|id| {
+            core.storage()
+                .ledger_state(*id)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.limbo)
+        })
+        .collect()
+}
+
+/// Restores every ledger in limbo from its other replicas, ledger by ledger,
+/// and takes each out of limbo when done; failures are retried every
+/// `autorecovery_interval_ms`.
+async fn integrity_loop(
+    cfg: BookieConfig,
+    core: Arc<BookieCore>,
+    registrar: Arc<Registrar>,
+    layout: Layout,
+    me: crate::client::driver::placement::BookieInfo,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut pending = limbo_ledgers(&core);
+    if pending.is_empty() {
+        return;
+    }
+    info!(ledgers = pending.len(), "integrity check starting");
+    let store = registrar.store().await;
+    let client = loop {
+        match crate::client::driver::LedgerClient::connect(
+            store.clone(),
+            layout.clone(),
+            crate::client::driver::LedgerClientOptions::default(),
+        )
+        .await
+        {
+            Ok(c) => break c,
+            Err(e) => warn!(error = %e, "integrity check: ledger client"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(cfg.autorecovery_interval_ms.max(10))) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+    };
+    let mut worker =
+        crate::autorecovery::Worker::new(store, layout, client, cfg.autorecovery_config(&me.id));
+    while !pending.is_empty() {
+        let mut left = Vec::new();
+        for id in pending {
+            match worker.restore_own(&me, id).await {
+                Ok(copied) => {
+                    let s = core.set_limbo(id, false, false).await;
+                    if s == crate::proto::bookie::StatusCode::Ok {
+                        info!(
+                            ledger = id,
+                            copied, "integrity check: ledger restored, out of limbo"
+                        );
+                    } else {
+                        warn!(ledger = id, status = ?s, "integrity check: leaving limbo failed");
+                        left.push(id);
+                    }
+                }
+                Err(e) => {
+                    warn!(ledger = id, error = %e, "integrity check: ledger not restored yet");
+                    left.push(id);
+                }
+            }
+        }
+        pending = left;
+        if pending.is_empty() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(cfg.autorecovery_interval_ms.max(10))) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+    }
+    info!("integrity check done: no ledger in limbo");
 }
 
 /// Lists every ledger whose metadata names `bookie_id` in a segment, and puts
