@@ -18,6 +18,12 @@
 //!   acknowledged CASes the replacement into the segment. The mark is deleted
 //!   when no segment names a lost bookie any more.
 //!
+//! The bookie's **integrity check** ([`Worker::restore_own`], run by
+//! `serve` for the ledgers it holds in limbo, DESIGN §4.3) copies the entries
+//! a formatted bookie should hold back to it from the other replicas, ledger
+//! by ledger, once each ledger is closed; the bookie leaves limbo for a
+//! ledger only after that succeeded.
+//!
 //! The pure decisions live in [`plan`]. Copies are throttled by a token bucket
 //! ([`Throttle`]) in entries/s and bytes/s. A worker killed mid-copy leaves the
 //! metadata untouched (copies are idempotent RECOVERY_ADDs) and its lock goes
@@ -114,6 +120,9 @@ pub enum ReplicationError {
         /// Why.
         reason: String,
     },
+    /// The ledger is not closed yet (integrity check: retried later).
+    #[error("ledger not closed yet")]
+    NotClosed,
     /// Swapping the replacement into the metadata failed.
     #[error("swap: {0}")]
     Swap(String),
@@ -662,7 +671,8 @@ impl Worker {
     /// The integrity check of one ledger for bookie `me` (DESIGN §4.3): every
     /// entry `me`'s slots should hold that it does not return digest-verified
     /// is copied to it from another replica with RECOVERY_ADD. A ledger not
-    /// yet closed is recovery-opened first (its writer is fenced). Returns the
+    /// yet closed is [`ReplicationError::NotClosed`] (retry later: this check
+    /// never fences a writer itself). Returns the
     /// entries copied; `Ok` means `me` holds all of them and may leave limbo.
     pub async fn restore_own(
         &mut self,
@@ -677,16 +687,11 @@ impl Worker {
         if !bookies_named(&md).contains(&me.id) {
             return Ok(0);
         }
-        let md = if status(&md).is_ok_and(|s| s == LedgerStatus::LedgerClosed) {
-            md
-        } else {
-            info!(
-                ledger = ledger_id,
-                "integrity check: recovery-opening an unclosed ledger"
-            );
-            self.client.open_ledger(ledger_id, true).await?;
-            self.client.ledger_metadata(ledger_id).await?
-        };
+        if !status(&md).is_ok_and(|s| s == LedgerStatus::LedgerClosed) {
+            // Its writer, a reader's recovery or the autorecovery worker
+            // closes it; until then which entries exist is not settled.
+            return Err(ReplicationError::NotClosed);
+        }
         self.client.refresh_bookies().await?;
         let bookies = self.client.bookies();
         let lost: BTreeSet<BookieId> = [me.id.clone()].into();

@@ -1,6 +1,7 @@
 //! The bookie's lifecycle: start (cookies, storage, journal replay, limbo,
-//! servers, registration), background work (checkpoints, disk watch, GC) and a
-//! draining shutdown.
+//! servers, registration), background work (checkpoints, disk watch, GC, the
+//! integrity check of limbo ledgers, and with `--autorecovery` the auditor
+//! and re-replication worker) and a draining shutdown.
 //!
 //! Start order matters: the cookie check runs before any data file is opened;
 //! the journal is replayed into ledger storage before any request is served;
