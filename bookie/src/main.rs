@@ -1,6 +1,7 @@
 //! `cms-bookie` binary: `init-cluster`, `serve` (the bookie server, with
 //! `--autorecovery` also the auditor and re-replication worker), `format`
 //! (start a new incarnation), `autorecovery` (auditor + worker alone),
+//! `decommission <bookie>` (drain a stopped bookie, with progress lines),
 //! `list-underreplicated` and `ledger <id>` (metadata and per-replica presence).
 
 use std::process::ExitCode;
@@ -64,6 +65,20 @@ enum Command {
         file: ConfigFileArgs,
         #[command(flatten)]
         config: Box<BookieConfig>,
+    },
+    /// Drain a stopped bookie: mark every ledger naming it under-replicated
+    /// now, and report progress until no ledger needs it (autorecovery must
+    /// be running to copy its replicas elsewhere).
+    Decommission {
+        /// The bookie id.
+        bookie: String,
+        /// Give up after this long, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: InitClusterConfig,
     },
     /// List the ledgers marked under-replicated (id and the bookies named lost).
     ListUnderreplicated {
@@ -142,6 +157,15 @@ fn main() -> ExitCode {
         Command::Autorecovery { file, .. } => {
             let sub = sub.unwrap_or(&matches);
             run(run_autorecovery(sub, &file))
+        }
+        Command::Decommission {
+            bookie,
+            timeout_s,
+            file,
+            ..
+        } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_decommission(sub, &file, bookie, timeout_s))
         }
         Command::ListUnderreplicated { file, .. } => {
             let sub = sub.unwrap_or(&matches);
@@ -411,4 +435,42 @@ async fn run_ledger(matches: &ArgMatches, file: &ConfigFileArgs, id: u64) -> any
     store.close().await;
     print!("{}", res.context("describing the ledger")?);
     Ok(())
+}
+
+async fn run_decommission(
+    matches: &ArgMatches,
+    file: &ConfigFileArgs,
+    bookie: String,
+    timeout_s: u64,
+) -> anyhow::Result<()> {
+    let config: InitClusterConfig =
+        load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
+    if file.print_config {
+        print!("{}", to_toml(&config));
+        return Ok(());
+    }
+    let (store, layout) = connect_metadata(&config).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    let result = loop {
+        match cms_bookie::autorecovery::decommission_step(store.as_ref(), &layout, &bookie).await {
+            Ok(left) if left.is_empty() => {
+                println!("bookie {bookie} decommissioned: no ledger needs it");
+                break Ok(());
+            }
+            Ok(left) => println!(
+                "bookie {bookie}: {} ledgers still name it (marked under-replicated): {:?}",
+                left.len(),
+                left.iter().take(10).collect::<Vec<_>>()
+            ),
+            Err(e) => break Err(anyhow::anyhow!("{e}")),
+        }
+        if std::time::Instant::now() >= deadline {
+            break Err(anyhow::anyhow!(
+                "bookie {bookie} still needed after {timeout_s} s; is autorecovery running?"
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
+    store.close().await;
+    result
 }

@@ -444,3 +444,42 @@ async fn a_formatted_bookie_restores_its_entries_from_replicas_and_leaves_limbo(
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decommission_drains_a_stopped_bookie_and_reports_done() {
+    let zk = zk().await;
+    let zks = zk.connect_string();
+    let mut bookies = start_bookies(&zks, 4).await;
+    let client = ledger_client(&zks, ledger_client_options()).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let w = client
+            .create_ledger(3, 2, 2, b"pw", HashMap::new())
+            .await
+            .unwrap();
+        for e in 0..20 {
+            w.add(payload(e)).await.unwrap();
+        }
+        w.close().await.unwrap();
+        ids.push(w.ledger_id());
+    }
+    let victim = client.ledger_metadata(ids[0]).await.unwrap().segments[0].ensemble[0].clone();
+    let url = format!("--metadata-url=zk://{zks}");
+    // A running bookie is refused.
+    let (code, _) = cms_bookie(&["decommission", &victim, &url, "--timeout-s=5"]).await;
+    assert_eq!(code, Some(1));
+    // The auditor's grace is far away: only the decommission marks ledgers.
+    let _ar = autorecovery_process(&zks, 600_000, &[]);
+    bookies
+        .iter_mut()
+        .find(|b| b.id == victim)
+        .unwrap()
+        .process
+        .stop()
+        .await;
+    let (code, out) = cms_bookie(&["decommission", &victim, &url, "--timeout-s=40"]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("still name it"), "{out}");
+    assert!(out.contains("decommissioned: no ledger needs it"), "{out}");
+    assert!(fully_replicated(&client, &bookies, &ids, &victim).await);
+}

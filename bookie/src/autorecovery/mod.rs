@@ -875,6 +875,38 @@ impl Worker {
     }
 }
 
+/// Why a decommission cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecommissionError {
+    /// The bookie is still registered: stop it first.
+    #[error("bookie {0} is still registered (available or read-only): stop it first")]
+    StillRegistered(BookieId),
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Metadata(#[from] MetadataError),
+}
+
+/// One step of decommissioning a stopped `bookie`: marks every ledger that
+/// still names it under-replicated (without waiting for the auditor's grace)
+/// and returns those ledgers' ids. Empty: the bookie holds no needed replica.
+pub async fn decommission_step(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    bookie: &str,
+) -> Result<Vec<u64>, DecommissionError> {
+    if live_bookies(store, layout).await?.contains(bookie) {
+        return Err(DecommissionError::StillRegistered(bookie.to_string()));
+    }
+    let lost: BTreeSet<BookieId> = [bookie.to_string()].into();
+    let ledgers = all_ledgers(store, layout).await?;
+    let mut out = Vec::new();
+    for (id, bookies) in ledgers_to_mark(&ledgers, &lost) {
+        mark_underreplicated(store, layout, id, &bookies).await?;
+        out.push(id);
+    }
+    Ok(out)
+}
+
 /// Which of its entries one replica of one segment holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaPresence {
