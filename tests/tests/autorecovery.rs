@@ -483,3 +483,82 @@ async fn decommission_drains_a_stopped_bookie_and_reports_done() {
     assert!(out.contains("decommissioned: no ledger needs it"), "{out}");
     assert!(fully_replicated(&client, &bookies, &ids, &victim).await);
 }
+
+/// Measurement (ignored; run with `--ignored --nocapture`): re-replication
+/// rate of one worker, unthrottled and at the default throttle, for a ledger
+/// of 4000 entries of 1 KiB (E=3 Qw=2) that lost one bookie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn measure_re_replication_rate() {
+    use cms_bookie::autorecovery::{AutorecoveryConfig, Outcome, Worker, mark_underreplicated};
+    const N: i64 = 4_000;
+    const BYTES: usize = 1024;
+    let zk = zk().await;
+    let zks = zk.connect_string();
+    let mut bookies = start_bookies(&zks, 5).await;
+    let client = ledger_client(&zks, ledger_client_options()).await;
+    let store = init_store(&zks).await;
+    let layout = Layout::new(ROOT).unwrap();
+    for (label, entries_max, bytes_max) in [
+        ("unthrottled", 0, 0),
+        ("default throttle", 5_000, 50 * 1024 * 1024),
+    ] {
+        let w = client
+            .create_ledger(3, 2, 2, b"pw", HashMap::new())
+            .await
+            .unwrap();
+        let mut pending = std::collections::VecDeque::new();
+        for e in 0..N {
+            pending.push_back(w.add_pipelined(ledger_payload(e, BYTES)).await.unwrap());
+            if pending.len() >= 256 {
+                pending.pop_front().unwrap().await.unwrap();
+            }
+        }
+        for p in pending {
+            p.await.unwrap();
+        }
+        w.close().await.unwrap();
+        let id = w.ledger_id();
+        let md = client.ledger_metadata(id).await.unwrap();
+        let victim = md.segments[0].ensemble[0].clone();
+        bookies
+            .iter_mut()
+            .find(|b| b.id == victim)
+            .unwrap()
+            .process
+            .stop()
+            .await;
+        mark_underreplicated(store.as_ref(), &layout, id, &[victim.clone()])
+            .await
+            .unwrap();
+        let mut worker = Worker::new(
+            store.clone(),
+            layout.clone(),
+            client.clone(),
+            AutorecoveryConfig {
+                replication_entries_per_s_max: entries_max,
+                replication_bytes_per_s_max: bytes_max,
+                ..AutorecoveryConfig::default()
+            },
+        );
+        let t = std::time::Instant::now();
+        let out = worker.replicate_ledger(id, &victim).await.unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        let Outcome::Done { entries_copied } = out else {
+            panic!("{out:?}")
+        };
+        let mib = entries_copied as f64 * (BYTES + 36) as f64 / (1024.0 * 1024.0);
+        eprintln!(
+            "re-replication {label}: {entries_copied} entries in {secs:.2} s = {:.0} entries/s, {:.2} MiB/s",
+            entries_copied as f64 / secs,
+            mib / secs
+        );
+        // Restart the victim so the next round has a spare bookie again.
+        bookies
+            .iter_mut()
+            .find(|b| b.id == victim)
+            .unwrap()
+            .restart()
+            .await;
+    }
+}

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
 use prost::Message;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -128,6 +129,9 @@ pub enum ReplicationError {
     Swap(String),
 }
 
+/// Longest idle time a [`Throttle`] banks as credit, in milliseconds.
+pub const THROTTLE_BURST_MS: u64 = 100;
+
 /// A token bucket over entries and bytes per second (0 = unlimited).
 #[derive(Debug)]
 pub struct Throttle {
@@ -165,8 +169,23 @@ impl Throttle {
         due.saturating_sub(elapsed)
     }
 
+    /// Counts `bytes` copied (their delay applies at the next [`Throttle::admit`]).
+    pub fn charge_bytes(&mut self, bytes: u64) {
+        self.bytes += bytes;
+    }
+
     /// Admits one entry of `bytes`, sleeping as needed.
     pub async fn admit(&mut self, bytes: u64) {
+        // Idle time banks no credit beyond THROTTLE_BURST_MS: an idle worker
+        // does not get to burst through a backlog at full speed.
+        let elapsed = self.start.elapsed();
+        // The time the work admitted so far is due at, from `start`.
+        let due = self.delay(Duration::ZERO);
+        if elapsed > due + Duration::from_millis(THROTTLE_BURST_MS) {
+            self.start = Instant::now();
+            self.entries = 0;
+            self.bytes = 0;
+        }
         self.entries += 1;
         self.bytes += bytes;
         let d = self.delay(self.start.elapsed());
@@ -776,26 +795,45 @@ impl Worker {
                     reason,
                 })?;
         let key = master_key(&md.password);
-        for c in &seg.entries {
-            let body = self
-                .read_verified(ledger_id, c.entry_id, &c.sources, bookies)
-                .await?;
-            self.throttle.admit(body.len() as u64).await;
-            let st = target
-                .add(ledger_id, c.entry_id, key.clone(), true, body)
-                .await
-                .map_err(|e| ReplicationError::CopyFailed {
-                    entry_id: c.entry_id,
-                    bookie: rep.new.clone(),
-                    reason: e.to_string(),
-                })?;
-            if st != StatusCode::Ok {
-                return Err(ReplicationError::CopyFailed {
-                    entry_id: c.entry_id,
-                    bookie: rep.new.clone(),
-                    reason: format!("{st:?}"),
-                });
+        // Connections to every surviving replica of the segment, made once.
+        let mut sources: HashMap<BookieId, BookieClient> = HashMap::new();
+        for b in seg.ensemble.iter().filter(|b| **b != seg.lost) {
+            if let Some(info) = bookies.iter().find(|x| &x.id == b).cloned()
+                && let Ok(c) = self.conn(&info).await
+            {
+                sources.insert(b.clone(), c);
             }
+        }
+        let sources = Arc::new(sources);
+        let mut in_flight = FuturesUnordered::new();
+        let mut next = seg.entries.iter();
+        loop {
+            while in_flight.len() < COPIES_IN_FLIGHT_MAX {
+                let Some(c) = next.next() else { break };
+                self.throttle.admit(0).await;
+                in_flight.push(copy_entry(
+                    sources.clone(),
+                    c.sources.clone(),
+                    target.clone(),
+                    key.clone(),
+                    ledger_id,
+                    c.entry_id,
+                ));
+            }
+            let Some(done) = in_flight.next().await else {
+                break;
+            };
+            let bytes = done.map_err(|e| match e {
+                ReplicationError::CopyFailed {
+                    entry_id, reason, ..
+                } => ReplicationError::CopyFailed {
+                    entry_id,
+                    bookie: rep.new.clone(),
+                    reason,
+                },
+                other => other,
+            })?;
+            self.throttle.charge_bytes(bytes);
         }
         self.swap(ledger_id, seg.first_entry_id, &seg.lost, &rep.new)
             .await?;
@@ -1054,8 +1092,64 @@ pub async fn describe_ledger(
     Ok(out)
 }
 
+/// Entry copies of one segment in flight at once (reads and RECOVERY_ADDs
+/// pipelined, so the replacement's group commit batches them).
+pub const COPIES_IN_FLIGHT_MAX: usize = 64;
+
+/// Reads `entry_id` from the first of `order` (among `conns`) that returns it
+/// with a good digest, and writes it to `target` with RECOVERY_ADD; the
+/// entry's byte size on success.
+async fn copy_entry(
+    conns: Arc<HashMap<BookieId, BookieClient>>,
+    order: Vec<BookieId>,
+    target: BookieClient,
+    key: Bytes,
+    ledger_id: u64,
+    entry_id: i64,
+) -> Result<u64, ReplicationError> {
+    let mut body = None;
+    for s in &order {
+        let Some(c) = conns.get(s) else { continue };
+        match c.read(ledger_id, entry_id, None, "autorecovery").await {
+            Ok(r) if read_status(&r) == StatusCode::Ok => {
+                match Entry::decode_expected(r.body.clone(), ledger_id, entry_id) {
+                    Ok(_) => {
+                        body = Some(r.body);
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(ledger = ledger_id, entry = entry_id, bookie = %s, error = %e, "bad replica")
+                    }
+                }
+            }
+            Ok(r) => {
+                debug!(ledger = ledger_id, entry = entry_id, bookie = %s, status = ?read_status(&r), "read refused")
+            }
+            Err(e) => {
+                debug!(ledger = ledger_id, entry = entry_id, bookie = %s, error = %e, "read failed")
+            }
+        }
+    }
+    let Some(body) = body else {
+        return Err(ReplicationError::Unreadable { entry_id });
+    };
+    let len = body.len() as u64;
+    let fail = |reason: String| ReplicationError::CopyFailed {
+        entry_id,
+        bookie: target.bookie_id().to_string(),
+        reason,
+    };
+    match target.add(ledger_id, entry_id, key, true, body).await {
+        Ok(StatusCode::Ok) => Ok(len),
+        Ok(st) => Err(fail(format!("{st:?}"))),
+        Err(e) => Err(fail(e.to_string())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a panic is the test failing")]
+
     use super::*;
 
     #[test]
@@ -1071,6 +1165,20 @@ mod tests {
             Duration::from_millis(300)
         );
         assert_eq!(t.delay(Duration::from_secs(1)), Duration::ZERO);
+        // Idle time banks at most THROTTLE_BURST_MS of credit.
+        let mut idle = Throttle::new(10, 0);
+        idle.start = Instant::now() - Duration::from_secs(5);
+        idle.entries = 1;
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(idle.admit(0));
+        assert_eq!(idle.entries, 1, "the idle bank was reset");
+        assert!(
+            idle.start.elapsed() < Duration::from_secs(1),
+            "the bank restarted now"
+        );
         let u = Throttle {
             entries: 1_000_000,
             bytes: 1 << 40,
