@@ -528,7 +528,7 @@ async fn measure_re_replication_rate() {
             .process
             .stop()
             .await;
-        mark_underreplicated(store.as_ref(), &layout, id, &[victim.clone()])
+        mark_underreplicated(store.as_ref(), &layout, id, std::slice::from_ref(&victim))
             .await
             .unwrap();
         let mut worker = Worker::new(
