@@ -78,6 +78,7 @@
 //! `cms-bookie-perf` (single-bookie benchmarks) and `cms-ledger-bench`
 //! (ledger client benchmarks, `scripts/bench-ledger`).
 
+pub mod autorecovery;
 pub mod bookie_client;
 pub mod client;
 pub mod entry;

@@ -1,6 +1,8 @@
-//! `cms-bookie` binary: `init-cluster`, `serve` (the bookie server), `format`
-//! (start a new incarnation); `autorecovery` says it is not built yet and
-//! exits non-zero.
+//! `cms-bookie` binary: `init-cluster`, `serve` (the bookie server, with
+//! `--autorecovery` also the auditor and re-replication worker), `format`
+//! (start a new incarnation), `autorecovery` (auditor + worker alone),
+//! `decommission <bookie>` (drain a stopped bookie, with progress lines),
+//! `list-underreplicated` and `ledger <id>` (metadata and per-replica presence).
 
 use std::process::ExitCode;
 
@@ -55,8 +57,45 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
-    /// Run autorecovery alone (not built yet).
-    Autorecovery,
+    /// Run autorecovery alone: the auditor election and a re-replication
+    /// worker (uses the metadata and `--lost-bookie-grace-ms`,
+    /// `--open-ledger-grace-ms`, `--replication-*` options of `serve`).
+    Autorecovery {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: Box<BookieConfig>,
+    },
+    /// Drain a stopped bookie: mark every ledger naming it under-replicated
+    /// now, and report progress until no ledger needs it (autorecovery must
+    /// be running to copy its replicas elsewhere).
+    Decommission {
+        /// The bookie id.
+        bookie: String,
+        /// Give up after this long, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: InitClusterConfig,
+    },
+    /// List the ledgers marked under-replicated (id and the bookies named lost).
+    ListUnderreplicated {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: InitClusterConfig,
+    },
+    /// Show a ledger's metadata and, per segment, which replicas hold their entries.
+    Ledger {
+        /// The ledger id.
+        id: u64,
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: InitClusterConfig,
+    },
 }
 
 /// Options of `cms-bookie init-cluster`.
@@ -115,13 +154,28 @@ fn main() -> ExitCode {
             let sub = sub.unwrap_or(&matches);
             run(run_format(sub, &file, yes))
         }
-        Command::Autorecovery => not_built("autorecovery", "autorecovery"),
+        Command::Autorecovery { file, .. } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_autorecovery(sub, &file))
+        }
+        Command::Decommission {
+            bookie,
+            timeout_s,
+            file,
+            ..
+        } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_decommission(sub, &file, bookie, timeout_s))
+        }
+        Command::ListUnderreplicated { file, .. } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_list_underreplicated(sub, &file))
+        }
+        Command::Ledger { id, file, .. } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_ledger(sub, &file, id))
+        }
     }
-}
-
-fn not_built(command: &str, what: &str) -> ExitCode {
-    eprintln!("cms-bookie {command}: {what} is not built yet");
-    ExitCode::from(1)
 }
 
 fn run(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
@@ -273,4 +327,150 @@ async fn run_format(matches: &ArgMatches, file: &ConfigFileArgs, yes: bool) -> a
         cookie.bookie_id, cookie.incarnation
     );
     Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+async fn run_autorecovery(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow::Result<()> {
+    let Some(config) = load_bookie_config(matches, file) else {
+        return Ok(());
+    };
+    let url: MetadataUrl = config
+        .metadata_url
+        .parse()
+        .map_err(|reason: String| anyhow::anyhow!("metadata_url: {reason}"))?;
+    let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
+    let opts = ZkOptions {
+        session_timeout_ms: config.metadata_session_timeout_ms,
+        connect_timeout_ms: config.metadata_operation_timeout_ms,
+        operation_timeout_ms: config.metadata_operation_timeout_ms,
+    };
+    let store = connect(&url, &opts)
+        .await
+        .with_context(|| format!("connecting to the metadata store {url}"))?;
+    let name = format!("autorecovery-{}", std::process::id());
+    let ar = config.autorecovery_config(&name);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    cms_bookie::autorecovery::run_standalone(store, layout, ar, stop_rx)
+        .await
+        .context("autorecovery")
+}
+
+async fn connect_metadata(
+    config: &InitClusterConfig,
+) -> anyhow::Result<(
+    std::sync::Arc<dyn cms_bookie::metadata::MetadataStore>,
+    Layout,
+)> {
+    let url = config.url().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
+    let opts = ZkOptions {
+        session_timeout_ms: config.metadata_session_timeout_ms,
+        connect_timeout_ms: config.metadata_operation_timeout_ms,
+        operation_timeout_ms: config.metadata_operation_timeout_ms,
+    };
+    let store = connect(&url, &opts)
+        .await
+        .with_context(|| format!("connecting to the metadata store {url}"))?;
+    Ok((store, layout))
+}
+
+async fn run_list_underreplicated(
+    matches: &ArgMatches,
+    file: &ConfigFileArgs,
+) -> anyhow::Result<()> {
+    let config: InitClusterConfig =
+        load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
+    if file.print_config {
+        print!("{}", to_toml(&config));
+        return Ok(());
+    }
+    let (store, layout) = connect_metadata(&config).await?;
+    let res = cms_bookie::autorecovery::list_underreplicated(store.as_ref(), &layout).await;
+    store.close().await;
+    let list = res.context("listing under-replicated ledgers")?;
+    if list.is_empty() {
+        println!("no under-replicated ledger");
+    }
+    for (id, bookies) in list {
+        println!("{id}\tlost: {bookies}");
+    }
+    Ok(())
+}
+
+async fn run_ledger(matches: &ArgMatches, file: &ConfigFileArgs, id: u64) -> anyhow::Result<()> {
+    let config: InitClusterConfig =
+        load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
+    if file.print_config {
+        print!("{}", to_toml(&config));
+        return Ok(());
+    }
+    let (store, layout) = connect_metadata(&config).await?;
+    let client = cms_bookie::client::driver::LedgerClient::connect(
+        store.clone(),
+        layout,
+        cms_bookie::client::driver::LedgerClientOptions::default(),
+    )
+    .await
+    .context("ledger client")?;
+    let res = cms_bookie::autorecovery::describe_ledger(&client, id).await;
+    drop(client);
+    store.close().await;
+    print!("{}", res.context("describing the ledger")?);
+    Ok(())
+}
+
+async fn run_decommission(
+    matches: &ArgMatches,
+    file: &ConfigFileArgs,
+    bookie: String,
+    timeout_s: u64,
+) -> anyhow::Result<()> {
+    let config: InitClusterConfig =
+        load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
+    if file.print_config {
+        print!("{}", to_toml(&config));
+        return Ok(());
+    }
+    let (store, layout) = connect_metadata(&config).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    let result = loop {
+        match cms_bookie::autorecovery::decommission_step(store.as_ref(), &layout, &bookie).await {
+            Ok(left) if left.is_empty() => {
+                println!("bookie {bookie} decommissioned: no ledger needs it");
+                break Ok(());
+            }
+            Ok(left) => println!(
+                "bookie {bookie}: {} ledgers still name it (marked under-replicated): {:?}",
+                left.len(),
+                left.iter().take(10).collect::<Vec<_>>()
+            ),
+            Err(e) => break Err(anyhow::anyhow!("{e}")),
+        }
+        if std::time::Instant::now() >= deadline {
+            break Err(anyhow::anyhow!(
+                "bookie {bookie} still needed after {timeout_s} s; is autorecovery running?"
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
+    store.close().await;
+    result
 }

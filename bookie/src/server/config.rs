@@ -137,6 +137,28 @@ pub struct BookieConfig {
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub read_range_bytes_max: usize,
 
+    /// Also run autorecovery (auditor election + re-replication worker) in
+    /// this process.
+    #[arg(long, default_value_t = false)]
+    pub autorecovery: bool,
+    /// Autorecovery: a bookie missing this long is lost and its ledgers are
+    /// re-replicated, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    pub lost_bookie_grace_ms: u64,
+    /// Autorecovery: an OPEN under-replicated ledger is recovery-opened
+    /// (its writer fenced) only after this long, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub open_ledger_grace_ms: u64,
+    /// Autorecovery: period of the audit and of the worker's scan, in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub autorecovery_interval_ms: u64,
+    /// Autorecovery: entries copied per second at most (0 = unlimited).
+    #[arg(long, default_value_t = 5_000)]
+    pub replication_entries_per_s_max: u64,
+    /// Autorecovery: entry bytes copied per second at most (0 = unlimited).
+    #[arg(long, default_value_t = 50 * 1024 * 1024)]
+    pub replication_bytes_per_s_max: u64,
+
     /// TESTS ONLY: run storage on the fault-injecting file system and serve
     /// `POST /test/power-cut` and `POST /test/fail-next-sync` on the HTTP port.
     #[arg(long, default_value_t = false)]
@@ -171,6 +193,21 @@ fn absolute(p: &Path) -> PathBuf {
 }
 
 impl BookieConfig {
+    /// The autorecovery options of this config; `name` labels the auditor
+    /// and lock nodes.
+    pub fn autorecovery_config(&self, name: &str) -> crate::autorecovery::AutorecoveryConfig {
+        crate::autorecovery::AutorecoveryConfig {
+            name: name.to_string(),
+            lost_bookie_grace_ms: self.lost_bookie_grace_ms,
+            open_ledger_grace_ms: self.open_ledger_grace_ms,
+            audit_interval_ms: self.autorecovery_interval_ms.max(1),
+            replication_entries_per_s_max: self.replication_entries_per_s_max,
+            replication_bytes_per_s_max: self.replication_bytes_per_s_max,
+            auditor: true,
+            worker: true,
+        }
+    }
+
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
         self.grpc_addr()?;

@@ -1,6 +1,7 @@
 //! The bookie's lifecycle: start (cookies, storage, journal replay, limbo,
-//! servers, registration), background work (checkpoints, disk watch, GC) and a
-//! draining shutdown.
+//! servers, registration), background work (checkpoints, disk watch, GC, the
+//! integrity check of limbo ledgers, and with `--autorecovery` the auditor
+//! and re-replication worker) and a draining shutdown.
 //!
 //! Start order matters: the cookie check runs before any data file is opened;
 //! the journal is replayed into ledger storage before any request is served;
@@ -294,6 +295,35 @@ pub async fn run(
         stop_rx.clone(),
     )));
 
+    // Integrity check (DESIGN §4.3): ledgers in limbo leave it once this
+    // bookie holds again every entry it should.
+    tasks.push(tokio::spawn(integrity_loop(
+        cfg.clone(),
+        core.clone(),
+        registrar.clone(),
+        layout.clone(),
+        crate::client::driver::placement::BookieInfo {
+            id: bookie_id.clone(),
+            endpoint: format!("{host}:{}", grpc_addr.port()),
+            incarnation,
+            rack: cfg.rack.clone(),
+            writable: true,
+        },
+        stop_rx.clone(),
+    )));
+    if cfg.autorecovery {
+        let ar_store = connect(&url, &opts).await.map_err(md)?;
+        let ar = cfg.autorecovery_config(&bookie_id);
+        let (ar_layout, ar_stop) = (layout.clone(), stop_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) =
+                crate::autorecovery::run_standalone(ar_store, ar_layout, ar, ar_stop).await
+            {
+                error!(error = %e, "autorecovery stopped");
+            }
+        }));
+    }
+
     shutdown.await;
     info!("shutting down: draining");
     core.set_mode(BookieMode::Draining);
@@ -457,6 +487,95 @@ async fn disk_loop(
             }
         }
     }
+}
+
+/// Ledgers this bookie holds in limbo.
+fn limbo_ledgers(core: &BookieCore) -> Vec<u64> {
+    let ids = match core.storage().ledger_ids() {
+        Ok(ids) => ids,
+        Err(e) => {
+            warn!(error = %e, "integrity check: listing ledgers failed");
+            return Vec::new();
+        }
+    };
+    ids.into_iter()
+        .filter(|id| {
+            core.storage()
+                .ledger_state(*id)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.limbo)
+        })
+        .collect()
+}
+
+/// Restores every ledger in limbo from its other replicas, ledger by ledger,
+/// and takes each out of limbo when done; failures are retried every
+/// `autorecovery_interval_ms`.
+async fn integrity_loop(
+    cfg: BookieConfig,
+    core: Arc<BookieCore>,
+    registrar: Arc<Registrar>,
+    layout: Layout,
+    me: crate::client::driver::placement::BookieInfo,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut pending = limbo_ledgers(&core);
+    if pending.is_empty() {
+        return;
+    }
+    info!(ledgers = pending.len(), "integrity check starting");
+    let store = registrar.store().await;
+    let client = loop {
+        match crate::client::driver::LedgerClient::connect(
+            store.clone(),
+            layout.clone(),
+            crate::client::driver::LedgerClientOptions::default(),
+        )
+        .await
+        {
+            Ok(c) => break c,
+            Err(e) => warn!(error = %e, "integrity check: ledger client"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(cfg.autorecovery_interval_ms.max(10))) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+    };
+    let mut worker =
+        crate::autorecovery::Worker::new(store, layout, client, cfg.autorecovery_config(&me.id));
+    while !pending.is_empty() {
+        let mut left = Vec::new();
+        for id in pending {
+            match worker.restore_own(&me, id).await {
+                Ok(copied) => {
+                    let s = core.set_limbo(id, false, false).await;
+                    if s == crate::proto::bookie::StatusCode::Ok {
+                        info!(
+                            ledger = id,
+                            copied, "integrity check: ledger restored, out of limbo"
+                        );
+                    } else {
+                        warn!(ledger = id, status = ?s, "integrity check: leaving limbo failed");
+                        left.push(id);
+                    }
+                }
+                Err(e) => {
+                    warn!(ledger = id, error = %e, "integrity check: ledger not restored yet");
+                    left.push(id);
+                }
+            }
+        }
+        pending = left;
+        if pending.is_empty() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(cfg.autorecovery_interval_ms.max(10))) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+    }
+    info!("integrity check done: no ledger in limbo");
 }
 
 /// Lists every ledger whose metadata names `bookie_id` in a segment, and puts
