@@ -121,6 +121,14 @@ struct InitClusterConfig {
 }
 
 impl InitClusterConfig {
+    fn zk_options(&self) -> ZkOptions {
+        ZkOptions {
+            session_timeout_ms: self.metadata_session_timeout_ms,
+            connect_timeout_ms: self.metadata_operation_timeout_ms,
+            operation_timeout_ms: self.metadata_operation_timeout_ms,
+        }
+    }
+
     fn url(&self) -> Result<MetadataUrl, ConfigError> {
         self.metadata_url
             .parse()
@@ -212,11 +220,7 @@ async fn run_init_cluster(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
         print!("{}", to_toml(&config));
         return Ok(());
     }
-    let opts = ZkOptions {
-        session_timeout_ms: config.metadata_session_timeout_ms,
-        connect_timeout_ms: config.metadata_operation_timeout_ms,
-        operation_timeout_ms: config.metadata_operation_timeout_ms,
-    };
+    let opts = config.zk_options();
     let store = connect(&url, &opts)
         .await
         .with_context(|| format!("connecting to the metadata store {url}"))?;
@@ -299,22 +303,10 @@ async fn run_format(matches: &ArgMatches, file: &ConfigFileArgs, yes: bool) -> a
              pass --yes to confirm"
         );
     }
-    let url: MetadataUrl = config
-        .metadata_url
-        .parse()
-        .map_err(|reason: String| anyhow::anyhow!("metadata_url: {reason}"))?;
-    let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
-    let opts = ZkOptions {
-        session_timeout_ms: config.metadata_session_timeout_ms,
-        connect_timeout_ms: config.metadata_operation_timeout_ms,
-        operation_timeout_ms: config.metadata_operation_timeout_ms,
-    };
     if config.bookie_id.is_empty() {
         anyhow::bail!("format needs --bookie-id (the id is not derived from an address here)");
     }
-    let store = connect(&url, &opts)
-        .await
-        .with_context(|| format!("connecting to the metadata store {url}"))?;
+    let (store, layout) = connect_bookie_metadata(&config).await?;
     let dirs = BookieDirs {
         journal_dir: config.journal_dir_abs(),
         ledger_dirs: vec![config.ledger_dir_abs()],
@@ -348,19 +340,7 @@ async fn run_autorecovery(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
     let Some(config) = load_bookie_config(matches, file) else {
         return Ok(());
     };
-    let url: MetadataUrl = config
-        .metadata_url
-        .parse()
-        .map_err(|reason: String| anyhow::anyhow!("metadata_url: {reason}"))?;
-    let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
-    let opts = ZkOptions {
-        session_timeout_ms: config.metadata_session_timeout_ms,
-        connect_timeout_ms: config.metadata_operation_timeout_ms,
-        operation_timeout_ms: config.metadata_operation_timeout_ms,
-    };
-    let store = connect(&url, &opts)
-        .await
-        .with_context(|| format!("connecting to the metadata store {url}"))?;
+    let (store, layout) = connect_bookie_metadata(&config).await?;
     let name = format!("autorecovery-{}", std::process::id());
     let ar = config.autorecovery_config(&name);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -373,6 +353,21 @@ async fn run_autorecovery(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
         .context("autorecovery")
 }
 
+/// The metadata store and layout a `serve`-style configuration names.
+async fn connect_bookie_metadata(
+    config: &BookieConfig,
+) -> anyhow::Result<(
+    std::sync::Arc<dyn cms_bookie::metadata::MetadataStore>,
+    Layout,
+)> {
+    let url = config.metadata_url().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
+    let store = connect(&url, &config.zk_options())
+        .await
+        .with_context(|| format!("connecting to the metadata store {url}"))?;
+    Ok((store, layout))
+}
+
 async fn connect_metadata(
     config: &InitClusterConfig,
 ) -> anyhow::Result<(
@@ -381,11 +376,7 @@ async fn connect_metadata(
 )> {
     let url = config.url().map_err(|e| anyhow::anyhow!("{e}"))?;
     let layout = Layout::new(&config.metadata_root).context("metadata_root")?;
-    let opts = ZkOptions {
-        session_timeout_ms: config.metadata_session_timeout_ms,
-        connect_timeout_ms: config.metadata_operation_timeout_ms,
-        operation_timeout_ms: config.metadata_operation_timeout_ms,
-    };
+    let opts = config.zk_options();
     let store = connect(&url, &opts)
         .await
         .with_context(|| format!("connecting to the metadata store {url}"))?;

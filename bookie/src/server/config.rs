@@ -9,6 +9,8 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::journal::{JournalConfig, SyncPolicy};
+use crate::metadata::connect::MetadataUrl;
+use crate::metadata::zk::ZkOptions;
 use crate::storage::StorageConfig;
 
 use super::core::{CoreLimits, ENTRY_BYTES_MAX_DEFAULT};
@@ -240,6 +242,22 @@ impl BookieConfig {
             return Err(invalid("ledger_dir", "must differ from journal_dir"));
         }
         Ok(())
+    }
+
+    /// The metadata store URL.
+    pub fn metadata_url(&self) -> Result<MetadataUrl, InvalidConfig> {
+        self.metadata_url
+            .parse()
+            .map_err(|reason: String| invalid("metadata_url", reason))
+    }
+
+    /// The ZooKeeper session and operation timeouts.
+    pub fn zk_options(&self) -> ZkOptions {
+        ZkOptions {
+            session_timeout_ms: self.metadata_session_timeout_ms,
+            connect_timeout_ms: self.metadata_operation_timeout_ms,
+            operation_timeout_ms: self.metadata_operation_timeout_ms,
+        }
     }
 
     /// The gRPC listen address.

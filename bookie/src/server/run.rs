@@ -35,7 +35,6 @@ use crate::fs::{FaultyFs, RealFs, SharedFs};
 use crate::journal::{Journal, JournalMetrics, SyncPolicy};
 use crate::metadata::connect::{MetadataUrl, connect};
 use crate::metadata::layout::Layout;
-use crate::metadata::zk::ZkOptions;
 use crate::metadata::{MetadataError, MetadataStore};
 use crate::proto::bookie::bookie_server::BookieServer;
 use crate::proto::metadata::{BookieRegistration, LedgerMetadata, LedgerStatus};
@@ -112,11 +111,7 @@ pub async fn run(
     let span = tracing::info_span!("bookie", bookie = %bookie_id);
     let _enter = span.enter();
 
-    let opts = ZkOptions {
-        session_timeout_ms: cfg.metadata_session_timeout_ms,
-        connect_timeout_ms: cfg.metadata_operation_timeout_ms,
-        operation_timeout_ms: cfg.metadata_operation_timeout_ms,
-    };
+    let opts = cfg.zk_options();
     let store = connect(&url, &opts).await.map_err(md)?;
     let dirs = BookieDirs {
         journal_dir: cfg.journal_dir_abs(),
