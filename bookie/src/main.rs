@@ -2,7 +2,9 @@
 //! `--autorecovery` also the auditor and re-replication worker), `format`
 //! (start a new incarnation), `autorecovery` (auditor + worker alone),
 //! `decommission <bookie>` (drain a stopped bookie, with progress lines),
-//! `list-underreplicated` and `ledger <id>` (metadata and per-replica presence).
+//! `list-underreplicated`, `ledger <id>` (metadata and per-replica presence)
+//! and `readonly <bookie> on|off` (the operator's read-only switch of a
+//! running bookie, through its HTTP port).
 
 use std::process::ExitCode;
 
@@ -82,6 +84,24 @@ enum Command {
     },
     /// List the ledgers marked under-replicated (id and the bookies named lost).
     ListUnderreplicated {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        #[command(flatten)]
+        config: InitClusterConfig,
+    },
+    /// Turn a running bookie read-only (`on`: it refuses new adds, serves
+    /// reads, and moves to `readonly/` so no new ensemble picks it) or
+    /// writable again (`off`). Waits until the registration has moved. Not
+    /// kept across a restart of the bookie.
+    Readonly {
+        /// The bookie id.
+        bookie: String,
+        /// `on` or `off`.
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        /// Give up waiting for the registration to move after this long, in seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout_s: u64,
         #[command(flatten)]
         file: ConfigFileArgs,
         #[command(flatten)]
@@ -178,6 +198,16 @@ fn main() -> ExitCode {
         Command::ListUnderreplicated { file, .. } => {
             let sub = sub.unwrap_or(&matches);
             run(run_list_underreplicated(sub, &file))
+        }
+        Command::Readonly {
+            bookie,
+            state,
+            timeout_s,
+            file,
+            ..
+        } => {
+            let sub = sub.unwrap_or(&matches);
+            run(run_readonly(sub, &file, bookie, state == "on", timeout_s))
         }
         Command::Ledger { id, file, .. } => {
             let sub = sub.unwrap_or(&matches);
@@ -403,6 +433,111 @@ async fn run_list_underreplicated(
     for (id, bookies) in list {
         println!("{id}\tlost: {bookies}");
     }
+    Ok(())
+}
+
+/// Where a bookie is registered: (writable, registration).
+async fn find_registration(
+    store: &dyn cms_bookie::metadata::MetadataStore,
+    layout: &Layout,
+    bookie: &str,
+) -> anyhow::Result<Option<(bool, cms_bookie::proto::metadata::BookieRegistration)>> {
+    use prost::Message;
+    for (writable, parent) in [
+        (true, layout.bookies_available()),
+        (false, layout.bookies_readonly()),
+    ] {
+        let node = cms_bookie::metadata::join(&parent, bookie);
+        match store.get(&node).await {
+            Ok((data, _)) => {
+                let reg = cms_bookie::proto::metadata::BookieRegistration::decode(data.as_slice())
+                    .with_context(|| format!("decoding {node}"))?;
+                return Ok(Some((writable, reg)));
+            }
+            Err(cms_bookie::metadata::MetadataError::NoNode(_)) => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {node}")),
+        }
+    }
+    Ok(None)
+}
+
+async fn run_readonly(
+    matches: &ArgMatches,
+    file: &ConfigFileArgs,
+    bookie: String,
+    on: bool,
+    timeout_s: u64,
+) -> anyhow::Result<()> {
+    let config: InitClusterConfig =
+        load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
+    if file.print_config {
+        print!("{}", to_toml(&config));
+        return Ok(());
+    }
+    let (store, layout) = connect_metadata(&config).await?;
+    let result = readonly_switch(store.as_ref(), &layout, &bookie, on, timeout_s).await;
+    store.close().await;
+    result
+}
+
+async fn readonly_switch(
+    store: &dyn cms_bookie::metadata::MetadataStore,
+    layout: &Layout,
+    bookie: &str,
+    on: bool,
+    timeout_s: u64,
+) -> anyhow::Result<()> {
+    let Some((_, reg)) = find_registration(store, layout, bookie).await? else {
+        anyhow::bail!(
+            "bookie {bookie} is not registered (not running, or another id): \
+             the switch acts on a running bookie"
+        );
+    };
+    if reg.http_endpoint.is_empty() {
+        anyhow::bail!("bookie {bookie} registered no HTTP endpoint");
+    }
+    let url = format!("http://{}/admin/readonly", reg.http_endpoint);
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .context("HTTP client")?;
+    let resp = http
+        .put(&url)
+        .json(&serde_json::json!({ "readonly": on }))
+        .send()
+        .await
+        .with_context(|| format!("PUT {url}"))?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
+    if !status.is_success() {
+        let reason = body
+            .get("reason")
+            .and_then(|r| r.as_str())
+            .unwrap_or("no reason given");
+        anyhow::bail!("bookie {bookie} refused: {status}: {reason}");
+    }
+    let want_writable = !on;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    loop {
+        match find_registration(store, layout, bookie).await? {
+            Some((writable, _)) if writable == want_writable => break,
+            _ if tokio::time::Instant::now() >= deadline => anyhow::bail!(
+                "bookie {bookie} accepted the switch but its registration did not move to \
+                 {} within {timeout_s} s (mode {})",
+                if want_writable { "available/" } else { "readonly/" },
+                body.get("mode").and_then(|m| m.as_str()).unwrap_or("?")
+            ),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    println!(
+        "bookie {bookie} is {}",
+        if on {
+            "read-only (registered under readonly/)"
+        } else {
+            "writable (registered under available/)"
+        }
+    );
     Ok(())
 }
 

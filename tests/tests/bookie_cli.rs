@@ -312,3 +312,98 @@ async fn a_bad_environment_value_is_exit_2_naming_the_variable() {
     )
     .await;
 }
+
+// ---- operator commands against a running bookie ----
+
+/// `--metadata-url` of the cluster tests' bookies (root `/cms`).
+fn bookie_metadata_flag(zk: &ZooKeeper) -> String {
+    format!("--metadata-url=zk://{}", zk.connect_string())
+}
+
+/// Whether `node` exists, read through a fresh session.
+async fn node_exists(store: &dyn cms_bookie::metadata::MetadataStore, node: &str) -> bool {
+    store
+        .exists(node)
+        .await
+        .unwrap_or_else(|e| panic!("exists {node}: {e}"))
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_on_stops_new_ensembles_on_a_running_bookie_and_off_restores_it() {
+    use cms_tests::cluster::{BookieNode, init_store, ledger_client, ledger_client_options};
+    let zk = ZooKeeper::start().await;
+    let store = init_store(&zk.connect_string()).await;
+    let bookie = BookieNode::start("ro-1", &zk.connect_string(), &[]).await;
+    let flag = bookie_metadata_flag(&zk);
+
+    let run = cms_bookie(&["readonly", "ro-1", "on", &flag], &[]).await;
+    assert_eq!(run.code, Some(0), "{}", run.describe());
+    assert!(run.stdout.contains("read-only"), "{}", run.describe());
+    assert!(node_exists(store.as_ref(), "/cms/bookies/readonly/ro-1").await);
+    assert!(!node_exists(store.as_ref(), "/cms/bookies/available/ro-1").await);
+    let ready = cms_tests::harness::http::client()
+        .get(format!("http://{}/ready", bookie.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 503, "a read-only bookie is not ready");
+    // No new ledger can be placed on it: it is the only bookie.
+    let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
+    client.refresh_bookies().await.unwrap();
+    let err = client
+        .create_ledger(1, 1, 1, b"pw", Default::default())
+        .await
+        .err()
+        .expect("a read-only bookie must not be chosen for a new ensemble");
+    assert!(err.to_string().contains("bookie"), "{err}");
+
+    let run = cms_bookie(&["readonly", "ro-1", "off", &flag], &[]).await;
+    assert_eq!(run.code, Some(0), "{}", run.describe());
+    assert!(node_exists(store.as_ref(), "/cms/bookies/available/ro-1").await);
+    client.refresh_bookies().await.unwrap();
+    let ledger = client
+        .create_ledger(1, 1, 1, b"pw", Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("writable again, so placement succeeds: {e}"));
+    ledger.add(b"after".to_vec()).await.unwrap();
+
+    // An unknown bookie is a clear error, exit 1.
+    let run = cms_bookie(&["readonly", "nobody", "on", &flag], &[]).await;
+    assert_eq!(run.code, Some(1), "{}", run.describe());
+    assert!(run.stderr.contains("not registered"), "{}", run.describe());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_is_refused_while_the_bookie_is_registered_and_works_once_it_stopped() {
+    use cms_tests::cluster::{BookieNode, init_store};
+    let zk = ZooKeeper::start().await;
+    let store = init_store(&zk.connect_string()).await;
+    let mut bookie = BookieNode::start("fmt-1", &zk.connect_string(), &[]).await;
+    let dir = bookie.process.dir().to_path_buf();
+    let journal = format!("--journal-dir={}/journal", dir.display());
+    let ledgers = format!("--ledger-dir={}/ledgers", dir.display());
+    let flag = bookie_metadata_flag(&zk);
+    let args = [
+        "format",
+        "--yes",
+        "--bookie-id=fmt-1",
+        &flag,
+        &journal,
+        &ledgers,
+    ];
+
+    let run = cms_bookie(&args, &[]).await;
+    assert_eq!(run.code, Some(1), "{}", run.describe());
+    assert!(run.stderr.contains("still registered"), "{}", run.describe());
+    assert!(
+        std::fs::read_dir(dir.join("journal")).unwrap().count() > 0,
+        "nothing was deleted"
+    );
+
+    bookie.process.stop().await;
+    assert!(!node_exists(store.as_ref(), "/cms/bookies/available/fmt-1").await);
+    let run = cms_bookie(&args, &[]).await;
+    assert_eq!(run.code, Some(0), "{}", run.describe());
+    assert!(run.stdout.contains("incarnation 2"), "{}", run.describe());
+}

@@ -52,6 +52,17 @@ pub enum CookieError {
     /// The metadata store failed or the cluster is not initialised.
     #[error("cookie check: {0}")]
     Metadata(String),
+    /// `format` refused: a bookie with this identity is registered (running).
+    #[error(
+        "bookie {bookie_id} is still registered at {node}: stop it (or wait for its session \
+         to expire) before formatting its data directories"
+    )]
+    StillRegistered {
+        /// The bookie.
+        bookie_id: String,
+        /// The registration node found.
+        node: String,
+    },
 }
 
 /// The outcome of a successful check.
@@ -300,14 +311,29 @@ pub async fn check_cookies(
 }
 
 /// Starts a new incarnation of `bookie_id`: empties its directories, writes a
-/// cookie with the next incarnation everywhere. The caller must not run while
-/// the bookie does.
+/// cookie with the next incarnation everywhere. Refused with
+/// [`CookieError::StillRegistered`] while the identity is registered under
+/// `available/` or `readonly/` (a running bookie would keep serving from the
+/// directories being emptied).
 pub async fn format(
     store: &dyn MetadataStore,
     layout: &Layout,
     bookie_id: &str,
     dirs: &BookieDirs,
 ) -> Result<Cookie, CookieError> {
+    for parent in [layout.bookies_available(), layout.bookies_readonly()] {
+        let node = format!("{parent}/{bookie_id}");
+        match store.exists(&node).await {
+            Ok(Some(_)) => {
+                return Err(CookieError::StillRegistered {
+                    bookie_id: bookie_id.to_string(),
+                    node,
+                });
+            }
+            Ok(None) => {}
+            Err(e) => return Err(CookieError::Metadata(e.to_string())),
+        }
+    }
     let cluster = read_cluster(store, layout)
         .await
         .map_err(|e| CookieError::Metadata(e.to_string()))?;
@@ -454,5 +480,28 @@ mod tests {
         let check = check_cookies(&store, &layout, "b1", &dirs).await.unwrap();
         assert_eq!(check.cookie.incarnation, 2);
         assert!(!check.created);
+    }
+
+    #[tokio::test]
+    async fn format_is_refused_while_the_identity_is_registered() {
+        let (_d, store, layout, dirs) = setup().await;
+        check_cookies(&store, &layout, "b1", &dirs).await.unwrap();
+        std::fs::write(dirs.journal_dir.join("keep"), b"x").unwrap();
+        for parent in [layout.bookies_available(), layout.bookies_readonly()] {
+            let node = format!("{parent}/b1");
+            store
+                .create(&node, b"", CreateMode::Ephemeral)
+                .await
+                .unwrap();
+            let err = format(&store, &layout, "b1", &dirs).await.unwrap_err();
+            assert!(
+                matches!(&err, CookieError::StillRegistered { node: n, .. } if *n == node),
+                "{err}"
+            );
+            assert!(dirs.journal_dir.join("keep").exists(), "nothing deleted");
+            store.delete(&node, Expected::Any).await.unwrap();
+        }
+        let c = format(&store, &layout, "b1", &dirs).await.unwrap();
+        assert_eq!(c.incarnation, 2);
     }
 }

@@ -81,6 +81,10 @@ pub enum BookieMode {
     ReadOnlyJournalFailed = 2,
     /// Shutting down: adds refused, reads served until the end.
     Draining = 3,
+    /// Set read-only by an operator (`cms-bookie readonly <id> on`): adds
+    /// refused, reads served, until the operator turns it off. The disk
+    /// watch never changes this mode. Not kept across a restart.
+    ReadOnlyManual = 4,
 }
 
 impl BookieMode {
@@ -89,6 +93,7 @@ impl BookieMode {
             0 => BookieMode::Writable,
             1 => BookieMode::ReadOnlyDisk,
             2 => BookieMode::ReadOnlyJournalFailed,
+            4 => BookieMode::ReadOnlyManual,
             _ => BookieMode::Draining,
         }
     }
@@ -222,6 +227,44 @@ impl BookieCore {
         self.metrics
             .mode
             .set(self.mode.load(Ordering::Acquire) as i64);
+    }
+
+    /// Changes the mode from `from` to `to` only if it is still `from`
+    /// (the disk watch uses it so it never overrides an operator's or a
+    /// failure's mode set in between). Returns whether it changed.
+    pub fn transition(&self, from: BookieMode, to: BookieMode) -> bool {
+        let changed = self
+            .mode
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        self.metrics
+            .mode
+            .set(self.mode.load(Ordering::Acquire) as i64);
+        changed
+    }
+
+    /// The operator's read-only switch. `on` moves a writable or disk-read-only
+    /// bookie to [`BookieMode::ReadOnlyManual`]; `off` moves it back to
+    /// writable (the disk watch re-checks the disk on its next tick). A journal
+    /// failure or draining is final and is returned as an error.
+    pub fn set_manual_read_only(&self, on: bool) -> Result<BookieMode, BookieMode> {
+        let result = self
+            .mode
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                match (BookieMode::from_u8(cur), on) {
+                    (BookieMode::ReadOnlyJournalFailed | BookieMode::Draining, _) => None,
+                    (_, true) => Some(BookieMode::ReadOnlyManual as u8),
+                    (BookieMode::ReadOnlyManual, false) => Some(BookieMode::Writable as u8),
+                    (_, false) => Some(cur),
+                }
+            });
+        self.metrics
+            .mode
+            .set(self.mode.load(Ordering::Acquire) as i64);
+        match result {
+            Ok(_) => Ok(self.mode()),
+            Err(cur) => Err(BookieMode::from_u8(cur)),
+        }
     }
 
     /// Number of ledgers with cached state.

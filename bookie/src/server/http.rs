@@ -1,5 +1,6 @@
 //! The bookie's HTTP port (axum): `/health` (the process answers), `/ready`
-//! (registered and writable), `/metrics` (Prometheus text), and — only with
+//! (registered and writable), `/metrics` (Prometheus text), `GET|PUT
+//! /admin/readonly` (the operator's read-only switch), and — only with
 //! `fault_injection` (tests) — `POST /test/power-cut` and
 //! `POST /test/fail-next-sync`.
 
@@ -102,12 +103,63 @@ async fn fail_next_sync(State(s): State<HttpState>) -> Response {
     json(StatusCode::OK, serde_json::json!({"armed": true}))
 }
 
+/// Body of `PUT /admin/readonly`.
+#[derive(Debug, serde::Deserialize)]
+struct ReadOnlyRequest {
+    readonly: bool,
+}
+
+/// `GET /admin/readonly`: the operator switch and the mode.
+async fn readonly_get(State(s): State<HttpState>) -> Response {
+    let mode = s.core.mode();
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "readonly": mode != BookieMode::Writable,
+            "manual": mode == BookieMode::ReadOnlyManual,
+            "mode": format!("{mode:?}"),
+        }),
+    )
+}
+
+/// `PUT /admin/readonly` with `{"readonly": true|false}`: the operator's
+/// read-only switch (`cms-bookie readonly <id> on|off`). The registration
+/// moves between `available/` and `readonly/` on the disk watch's next tick.
+async fn readonly_put(
+    State(s): State<HttpState>,
+    body: Result<axum::Json<ReadOnlyRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(axum::Json(r)) => r,
+        Err(e) => {
+            return json(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"reason": format!("expected {{\"readonly\": true|false}}: {e}")}),
+            );
+        }
+    };
+    match s.core.set_manual_read_only(req.readonly) {
+        Ok(mode) => {
+            tracing::warn!(readonly = req.readonly, ?mode, "operator read-only switch");
+            json(
+                StatusCode::OK,
+                serde_json::json!({"readonly": mode != BookieMode::Writable, "mode": format!("{mode:?}")}),
+            )
+        }
+        Err(mode) => json(
+            StatusCode::CONFLICT,
+            serde_json::json!({"reason": format!("the bookie is {mode:?}; that mode is final")}),
+        ),
+    }
+}
+
 /// The router.
 pub fn router(state: HttpState) -> Router {
     let mut r = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics));
+        .route("/metrics", get(metrics))
+        .route("/admin/readonly", get(readonly_get).put(readonly_put));
     if state.faults.is_some() {
         r = r
             .route("/test/power-cut", post(power_cut))

@@ -420,28 +420,31 @@ fn check_disk(cfg: &BookieConfig, core: &BookieCore, disk: &DiskProbe) -> Bookie
             let low_space = space.available_bytes < cfg.reserved_bytes;
             match core.mode() {
                 BookieMode::Writable if low_space => {
-                    warn!(
-                        available = space.available_bytes,
-                        reserved = cfg.reserved_bytes,
-                        "free space below the compaction reserve: turning read-only"
-                    );
-                    core.set_mode(BookieMode::ReadOnlyDisk);
+                    if core.transition(BookieMode::Writable, BookieMode::ReadOnlyDisk) {
+                        warn!(
+                            available = space.available_bytes,
+                            reserved = cfg.reserved_bytes,
+                            "free space below the compaction reserve: turning read-only"
+                        );
+                    }
                 }
                 BookieMode::Writable if used >= cfg.disk_usage_threshold => {
-                    warn!(
-                        used,
-                        threshold = cfg.disk_usage_threshold,
-                        "disk full: turning read-only"
-                    );
-                    core.set_mode(BookieMode::ReadOnlyDisk);
+                    if core.transition(BookieMode::Writable, BookieMode::ReadOnlyDisk) {
+                        warn!(
+                            used,
+                            threshold = cfg.disk_usage_threshold,
+                            "disk full: turning read-only"
+                        );
+                    }
                 }
                 BookieMode::ReadOnlyDisk if used < cfg.disk_usage_lwm && !low_space => {
-                    info!(
-                        used,
-                        lwm = cfg.disk_usage_lwm,
-                        "disk below the low-water mark: writable again"
-                    );
-                    core.set_mode(BookieMode::Writable);
+                    if core.transition(BookieMode::ReadOnlyDisk, BookieMode::Writable) {
+                        info!(
+                            used,
+                            lwm = cfg.disk_usage_lwm,
+                            "disk below the low-water mark: writable again"
+                        );
+                    }
                 }
                 _ => {}
             }
