@@ -373,12 +373,25 @@ async fn run_autorecovery(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
     let (store, layout) = connect_bookie_metadata(&config).await?;
     let name = format!("autorecovery-{}", std::process::id());
     let ar = config.autorecovery_config(&name);
+    let registry = prometheus::Registry::new();
+    let metrics = cms_bookie::autorecovery::AutorecoveryMetrics::new(&registry)
+        .context("registering metrics")?;
+    let http = tokio::net::TcpListener::bind(&config.http_bind)
+        .await
+        .with_context(|| format!("binding the HTTP port {}", config.http_bind))?;
+    tracing::info!(http = %config.http_bind, "autorecovery: /health and /metrics");
+    tokio::spawn(async move {
+        let router = cms_bookie::server::http::autorecovery_router(registry);
+        if let Err(e) = axum::serve(http, router).await {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    cms_bookie::autorecovery::run_standalone(store, layout, ar, stop_rx)
+    cms_bookie::autorecovery::run_standalone(store, layout, ar, metrics, stop_rx)
         .await
         .context("autorecovery")
 }
@@ -524,7 +537,11 @@ async fn readonly_switch(
             _ if tokio::time::Instant::now() >= deadline => anyhow::bail!(
                 "bookie {bookie} accepted the switch but its registration did not move to \
                  {} within {timeout_s} s (mode {})",
-                if want_writable { "available/" } else { "readonly/" },
+                if want_writable {
+                    "available/"
+                } else {
+                    "readonly/"
+                },
                 body.get("mode").and_then(|m| m.as_str()).unwrap_or("?")
             ),
             _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,

@@ -210,8 +210,8 @@ pub async fn managed_ledger_env(zk: &str) -> (LedgerClient, Arc<dyn MetadataStor
 /// A `cms-bookie autorecovery` process (auditor + worker) against ZooKeeper
 /// `zk`, with test-sized grace periods: a bookie is lost after
 /// `lost_bookie_grace_ms`, an open ledger is recovered after 1 s, audits
-/// every 200 ms, no throttle; `extra` flags (`--name=value`) are appended and
-/// replace a default of the same name.
+/// every 200 ms, no throttle, `/metrics` on the port named `http`; `extra`
+/// flags (`--name=value`) are appended and replace a default of the same name.
 pub fn autorecovery_process(zk: &str, lost_bookie_grace_ms: u64, extra: &[&str]) -> Process {
     let defaults = [
         format!("--metadata-url=zk://{zk}"),
@@ -221,11 +221,13 @@ pub fn autorecovery_process(zk: &str, lost_bookie_grace_ms: u64, extra: &[&str])
         "--autorecovery-interval-ms=200".to_string(),
         "--replication-entries-per-s-max=0".to_string(),
         "--replication-bytes-per-s-max=0".to_string(),
+        "--http-bind=127.0.0.1:{port:http}".to_string(),
     ];
     let name = |a: &str| a.split('=').next().unwrap_or(a).to_string();
     let overridden: Vec<String> = extra.iter().map(|a| name(a)).collect();
     ProcessBuilder::new("cms-bookie")
         .name("autorecovery")
+        .port("http")
         .arg("autorecovery")
         .args(
             defaults
@@ -284,4 +286,21 @@ pub async fn replica_mismatches(
         }
     }
     out
+}
+
+/// The value of the Prometheus sample `name` (no labels) at `http://<addr>/metrics`,
+/// None if the endpoint or the sample is missing.
+pub async fn metric_value(addr: SocketAddr, name: &str) -> Option<f64> {
+    let text = crate::harness::http::client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
 }

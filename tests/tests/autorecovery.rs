@@ -21,7 +21,7 @@ use cms_bookie::metadata::layout::Layout;
 use cms_bookie::proto::metadata::LedgerStatus;
 use cms_tests::cluster::{
     ROOT, autorecovery_process, init_store, ledger_client, ledger_client_options, ledger_payload,
-    replica_mismatches, start_bookies,
+    metric_value, replica_mismatches, start_bookies,
 };
 use cms_tests::harness::wait::eventually;
 use cms_tests::harness::zookeeper::{ZkConfig, ZooKeeper};
@@ -130,6 +130,23 @@ async fn a_bookie_lost_for_good_is_replaced_in_every_ledger_with_every_entry_cop
         let md = client.ledger_metadata(*id).await.unwrap();
         assert_eq!(md.segments.len(), 1);
     }
+    // The autorecovery process's metrics tell the same story.
+    let http = _ar.addr("http");
+    let metric = |name: &'static str| async move {
+        metric_value(http, name)
+            .await
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    assert_eq!(metric("cms_autorecovery_is_auditor").await, 1.0);
+    assert!(metric("cms_autorecovery_ledgers_marked_total").await >= naming.len() as f64);
+    assert!(metric("cms_autorecovery_ledgers_replicated_total").await >= naming.len() as f64);
+    // Each ledger naming the dead bookie had at least one of its 40 entries on it.
+    assert!(metric("cms_autorecovery_entries_copied_total").await >= naming.len() as f64);
+    assert!(metric("cms_autorecovery_bytes_copied_total").await > 0.0);
+    eventually("the under-replicated gauge falls to 0", 10_000, || async {
+        metric("cms_autorecovery_underreplicated_ledgers").await == 0.0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

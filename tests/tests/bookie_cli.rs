@@ -347,7 +347,11 @@ async fn readonly_on_stops_new_ensembles_on_a_running_bookie_and_off_restores_it
         .send()
         .await
         .unwrap();
-    assert_eq!(ready.status().as_u16(), 503, "a read-only bookie is not ready");
+    assert_eq!(
+        ready.status().as_u16(),
+        503,
+        "a read-only bookie is not ready"
+    );
     // No new ledger can be placed on it: it is the only bookie.
     let client = ledger_client(&zk.connect_string(), ledger_client_options()).await;
     client.refresh_bookies().await.unwrap();
@@ -395,7 +399,11 @@ async fn format_is_refused_while_the_bookie_is_registered_and_works_once_it_stop
 
     let run = cms_bookie(&args, &[]).await;
     assert_eq!(run.code, Some(1), "{}", run.describe());
-    assert!(run.stderr.contains("still registered"), "{}", run.describe());
+    assert!(
+        run.stderr.contains("still registered"),
+        "{}",
+        run.describe()
+    );
     assert!(
         std::fs::read_dir(dir.join("journal")).unwrap().count() > 0,
         "nothing was deleted"

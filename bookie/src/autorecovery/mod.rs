@@ -29,7 +29,10 @@
 //! metadata untouched (copies are idempotent RECOVERY_ADDs) and its lock goes
 //! with its session, so another worker starts the ledger over.
 
+pub mod metrics;
 pub mod plan;
+
+pub use metrics::AutorecoveryMetrics;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -201,6 +204,7 @@ pub async fn run(
     layout: Layout,
     client: LedgerClient,
     config: AutorecoveryConfig,
+    metrics: AutorecoveryMetrics,
     shutdown: watch::Receiver<bool>,
 ) {
     info!(name = %config.name, auditor = config.auditor, worker = config.worker, "autorecovery starting");
@@ -209,6 +213,7 @@ pub async fn run(
             store.clone(),
             layout.clone(),
             config.clone(),
+            metrics.clone(),
             shutdown.clone(),
         ))
     });
@@ -218,6 +223,7 @@ pub async fn run(
             layout.clone(),
             client,
             config.clone(),
+            metrics.clone(),
             shutdown.clone(),
         ))
     });
@@ -237,6 +243,7 @@ pub async fn run_standalone(
     store: Arc<dyn MetadataStore>,
     layout: Layout,
     config: AutorecoveryConfig,
+    metrics: AutorecoveryMetrics,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), LedgerError> {
     let client = LedgerClient::connect(
@@ -245,7 +252,7 @@ pub async fn run_standalone(
         crate::client::driver::LedgerClientOptions::default(),
     )
     .await?;
-    run(store.clone(), layout, client, config, shutdown).await;
+    run(store.clone(), layout, client, config, metrics, shutdown).await;
     store.close().await;
     Ok(())
 }
@@ -385,6 +392,7 @@ async fn auditor_loop(
     store: Arc<dyn MetadataStore>,
     layout: Layout,
     config: AutorecoveryConfig,
+    metrics: AutorecoveryMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let path = layout.auditor();
@@ -403,7 +411,9 @@ async fn auditor_loop(
         {
             Ok(_) => {
                 info!(name = %config.name, "elected auditor");
-                audit(&store, &layout, &config, &mut shutdown).await;
+                metrics.is_auditor.set(1);
+                audit(&store, &layout, &config, &metrics, &mut shutdown).await;
+                metrics.is_auditor.set(0);
                 let _ = store.delete(&path, Expected::Any).await;
                 return;
             }
@@ -423,6 +433,7 @@ async fn audit(
     store: &Arc<dyn MetadataStore>,
     layout: &Layout,
     config: &AutorecoveryConfig,
+    metrics: &AutorecoveryMetrics,
     shutdown: &mut watch::Receiver<bool>,
 ) {
     let start = Instant::now();
@@ -438,6 +449,7 @@ async fn audit(
             Ok(newly) => {
                 for id in newly {
                     if marked.insert(id) {
+                        metrics.ledgers_marked.inc();
                         info!(ledger = id, "auditor marked ledger under-replicated");
                     }
                 }
@@ -486,9 +498,10 @@ async fn worker_loop(
     layout: Layout,
     client: LedgerClient,
     config: AutorecoveryConfig,
+    metrics: AutorecoveryMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut worker = Worker::new(store, layout, client, config.clone());
+    let mut worker = Worker::new(store, layout, client, config.clone()).with_metrics(metrics);
     loop {
         if *shutdown.borrow() {
             return;
@@ -512,6 +525,7 @@ pub struct Worker {
     conns: HashMap<(BookieId, u64), BookieClient>,
     first_seen_open: BTreeMap<u64, Instant>,
     throttle: Throttle,
+    metrics: AutorecoveryMetrics,
 }
 
 impl std::fmt::Debug for Worker {
@@ -556,21 +570,35 @@ impl Worker {
             conns: HashMap::new(),
             first_seen_open: BTreeMap::new(),
             throttle,
+            metrics: AutorecoveryMetrics::unregistered(),
         }
+    }
+
+    /// Reports into `metrics` (default: unregistered metrics).
+    pub fn with_metrics(mut self, metrics: AutorecoveryMetrics) -> Worker {
+        self.metrics = metrics;
+        self
     }
 
     /// One pass over the marked ledgers; returns how many were finished.
     pub async fn scan_once(&mut self) -> Result<usize, MetadataError> {
         let marked = list_underreplicated(self.store.as_ref(), &self.layout).await?;
+        self.metrics
+            .underreplicated_ledgers
+            .set(i64::try_from(marked.len()).unwrap_or(i64::MAX));
         let mut done = 0;
         for (id, data) in marked {
             match self.replicate_ledger(id, &data).await {
                 Ok(Outcome::Done { entries_copied }) => {
                     info!(ledger = id, entries_copied, "ledger re-replicated");
+                    self.metrics.ledgers_replicated.inc();
                     done += 1;
                 }
                 Ok(o) => debug!(ledger = id, outcome = ?o, "ledger not replicated now"),
-                Err(e) => warn!(ledger = id, error = %e, "re-replication failed; will retry"),
+                Err(e) => {
+                    self.metrics.worker_errors.inc();
+                    warn!(ledger = id, error = %e, "re-replication failed; will retry")
+                }
             }
         }
         Ok(done)
@@ -738,7 +766,8 @@ impl Worker {
                 let body = self
                     .read_verified(ledger_id, c.entry_id, &c.sources, &bookies)
                     .await?;
-                self.throttle.admit(body.len() as u64).await;
+                let len = body.len() as u64;
+                self.throttle.admit(len).await;
                 let st = target
                     .add(ledger_id, c.entry_id, key.clone(), true, body)
                     .await
@@ -754,6 +783,8 @@ impl Worker {
                         reason: format!("{st:?}"),
                     });
                 }
+                self.metrics.entries_copied.inc();
+                self.metrics.bytes_copied.inc_by(len);
                 copied += 1;
             }
         }
@@ -834,6 +865,8 @@ impl Worker {
                 other => other,
             })?;
             self.throttle.charge_bytes(bytes);
+            self.metrics.entries_copied.inc();
+            self.metrics.bytes_copied.inc_by(bytes);
         }
         self.swap(ledger_id, seg.first_entry_id, &seg.lost, &rep.new)
             .await?;

@@ -60,8 +60,13 @@ async fn ready(State(s): State<HttpState>) -> Response {
 }
 
 async fn metrics(State(s): State<HttpState>) -> Response {
+    metrics_response(&s.registry)
+}
+
+/// Every metric of `registry` as Prometheus text (a JSON 500 if encoding fails).
+pub fn metrics_response(registry: &Registry) -> Response {
     let mut buf = Vec::new();
-    match TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
+    match TextEncoder::new().encode(&registry.gather(), &mut buf) {
         Ok(()) => (
             StatusCode::OK,
             [(
@@ -151,6 +156,18 @@ async fn readonly_put(
             serde_json::json!({"reason": format!("the bookie is {mode:?}; that mode is final")}),
         ),
     }
+}
+
+/// The router of a process that runs autorecovery alone
+/// (`cms-bookie autorecovery`): `/health` and `/metrics` of `registry`.
+pub fn autorecovery_router(registry: Registry) -> Router {
+    Router::new().route("/health", get(health)).route(
+        "/metrics",
+        get(move || {
+            let registry = registry.clone();
+            async move { metrics_response(&registry) }
+        }),
+    )
 }
 
 /// The router.

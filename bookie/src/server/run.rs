@@ -164,6 +164,8 @@ pub async fn run(
     };
     info!(records = replayed, "journal replayed");
     let metrics = ServerMetrics::new(&registry).map_err(|e| ServerError::Io(e.to_string()))?;
+    let ar_metrics = crate::autorecovery::AutorecoveryMetrics::new(&registry)
+        .map_err(|e| ServerError::Io(e.to_string()))?;
     let core = Arc::new(BookieCore::new(
         journal,
         storage.clone(),
@@ -304,6 +306,7 @@ pub async fn run(
             rack: cfg.rack.clone(),
             writable: true,
         },
+        ar_metrics.clone(),
         stop_rx.clone(),
     )));
     if cfg.autorecovery {
@@ -312,7 +315,8 @@ pub async fn run(
         let (ar_layout, ar_stop) = (layout.clone(), stop_rx.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) =
-                crate::autorecovery::run_standalone(ar_store, ar_layout, ar, ar_stop).await
+                crate::autorecovery::run_standalone(ar_store, ar_layout, ar, ar_metrics, ar_stop)
+                    .await
             {
                 error!(error = %e, "autorecovery stopped");
             }
@@ -516,6 +520,7 @@ async fn integrity_loop(
     registrar: Arc<Registrar>,
     layout: Layout,
     me: crate::client::driver::placement::BookieInfo,
+    metrics: crate::autorecovery::AutorecoveryMetrics,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut pending = limbo_ledgers(&core);
@@ -541,7 +546,8 @@ async fn integrity_loop(
         }
     };
     let mut worker =
-        crate::autorecovery::Worker::new(store, layout, client, cfg.autorecovery_config(&me.id));
+        crate::autorecovery::Worker::new(store, layout, client, cfg.autorecovery_config(&me.id))
+            .with_metrics(metrics);
     while !pending.is_empty() {
         let mut left = Vec::new();
         for id in pending {
