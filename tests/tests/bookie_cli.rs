@@ -358,8 +358,7 @@ async fn readonly_on_stops_new_ensembles_on_a_running_bookie_and_off_restores_it
     let err = client
         .create_ledger(1, 1, 1, b"pw", Default::default())
         .await
-        .err()
-        .expect("a read-only bookie must not be chosen for a new ensemble");
+        .expect_err("a read-only bookie must not be chosen for a new ensemble");
     assert!(err.to_string().contains("bookie"), "{err}");
 
     let run = cms_bookie(&["readonly", "ro-1", "off", &flag], &[]).await;

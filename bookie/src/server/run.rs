@@ -423,32 +423,36 @@ fn check_disk(cfg: &BookieConfig, core: &BookieCore, disk: &DiskProbe) -> Bookie
                 .set(space.total_bytes.saturating_sub(space.available_bytes) as i64);
             let low_space = space.available_bytes < cfg.reserved_bytes;
             match core.mode() {
-                BookieMode::Writable if low_space => {
-                    if core.transition(BookieMode::Writable, BookieMode::ReadOnlyDisk) {
-                        warn!(
-                            available = space.available_bytes,
-                            reserved = cfg.reserved_bytes,
-                            "free space below the compaction reserve: turning read-only"
-                        );
-                    }
+                BookieMode::Writable
+                    if low_space
+                        && core.transition(BookieMode::Writable, BookieMode::ReadOnlyDisk) =>
+                {
+                    warn!(
+                        available = space.available_bytes,
+                        reserved = cfg.reserved_bytes,
+                        "free space below the compaction reserve: turning read-only"
+                    );
                 }
-                BookieMode::Writable if used >= cfg.disk_usage_threshold => {
-                    if core.transition(BookieMode::Writable, BookieMode::ReadOnlyDisk) {
-                        warn!(
-                            used,
-                            threshold = cfg.disk_usage_threshold,
-                            "disk full: turning read-only"
-                        );
-                    }
+                BookieMode::Writable
+                    if used >= cfg.disk_usage_threshold
+                        && core.transition(BookieMode::Writable, BookieMode::ReadOnlyDisk) =>
+                {
+                    warn!(
+                        used,
+                        threshold = cfg.disk_usage_threshold,
+                        "disk full: turning read-only"
+                    );
                 }
-                BookieMode::ReadOnlyDisk if used < cfg.disk_usage_lwm && !low_space => {
-                    if core.transition(BookieMode::ReadOnlyDisk, BookieMode::Writable) {
-                        info!(
-                            used,
-                            lwm = cfg.disk_usage_lwm,
-                            "disk below the low-water mark: writable again"
-                        );
-                    }
+                BookieMode::ReadOnlyDisk
+                    if used < cfg.disk_usage_lwm
+                        && !low_space
+                        && core.transition(BookieMode::ReadOnlyDisk, BookieMode::Writable) =>
+                {
+                    info!(
+                        used,
+                        lwm = cfg.disk_usage_lwm,
+                        "disk below the low-water mark: writable again"
+                    );
                 }
                 _ => {}
             }
