@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use cms_bookie::autorecovery::{list_underreplicated, plan::bookies_named};
 use cms_bookie::client::driver::{LedgerClient, LedgerError};
@@ -462,6 +463,39 @@ async fn a_formatted_bookie_restores_its_entries_from_replicas_and_leaves_limbo(
     .await;
 }
 
+/// Light write load for the decommission test: ledgers of E=3 Qw=2 Qa=2, 50
+/// entries each, about 100 adds/s, until `stop`; a ledger fenced by
+/// autorecovery (or failing otherwise) is abandoned for a new one, as a
+/// managed ledger would roll over. Returns every acknowledged (ledger, entry).
+async fn light_write_load(
+    client: LedgerClient,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(u64, i64)> {
+    let mut acked = Vec::new();
+    'ledgers: while !*stop.borrow() {
+        let w = match client.create_ledger(3, 2, 2, b"pw", HashMap::new()).await {
+            Ok(w) => w,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for e in 0..50 {
+            if *stop.borrow() {
+                let _ = w.close().await;
+                break 'ledgers;
+            }
+            match w.add(payload(e)).await {
+                Ok(id) => acked.push((w.ledger_id(), id)),
+                Err(_) => continue 'ledgers,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = w.close().await;
+    }
+    acked
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decommission_drains_a_stopped_bookie_and_reports_done() {
     let zk = zk().await;
@@ -487,6 +521,14 @@ async fn decommission_drains_a_stopped_bookie_and_reports_done() {
     assert_eq!(code, Some(1));
     // The auditor's grace is far away: only the decommission marks ledgers.
     let _ar = autorecovery_process(&zks, 600_000, &[]);
+    // Light write load throughout: it starts on all four bookies, so its open
+    // ledger may name the victim when it stops.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let load = tokio::spawn(light_write_load(
+        ledger_client(&zks, ledger_client_options()).await,
+        stop_rx,
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     bookies
         .iter_mut()
         .find(|b| b.id == victim)
@@ -494,11 +536,44 @@ async fn decommission_drains_a_stopped_bookie_and_reports_done() {
         .process
         .stop()
         .await;
-    let (code, out) = cms_bookie(&["decommission", &victim, &url, "--timeout-s=40"]).await;
+    let (code, out) = cms_bookie(&["decommission", &victim, &url, "--timeout-s=60"]).await;
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("still name it"), "{out}");
     assert!(out.contains("decommissioned: no ledger needs it"), "{out}");
     assert!(fully_replicated(&client, &bookies, &ids, &victim).await);
+    stop_tx.send(true).unwrap();
+    let acked = tokio::time::timeout(Duration::from_secs(20), load)
+        .await
+        .expect("the load stops")
+        .unwrap();
+    assert!(
+        acked.len() > 50,
+        "the load kept writing: {} acked",
+        acked.len()
+    );
+    // Every acknowledged entry of the load is readable with its bytes (its
+    // open ledger may have been fenced by the drain: nothing acked was lost).
+    let mut by_ledger: std::collections::BTreeMap<u64, Vec<i64>> = Default::default();
+    for (l, e) in &acked {
+        by_ledger.entry(*l).or_default().push(*e);
+    }
+    for (l, entries) in &by_ledger {
+        let r = client.open_ledger(*l, true).await.unwrap();
+        let last = *entries.iter().max().unwrap();
+        let got = r.read(0, last).await.unwrap();
+        assert_eq!(
+            got.len() as i64,
+            last + 1,
+            "ledger {l}: every acked entry is there"
+        );
+        for (e, entry) in got.iter().enumerate() {
+            assert_eq!(
+                entry.payload.as_ref(),
+                payload(e as i64).as_slice(),
+                "ledger {l} entry {e}"
+            );
+        }
+    }
 }
 
 /// Measurement (ignored; run with `--ignored --nocapture`): re-replication
