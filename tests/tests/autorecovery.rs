@@ -576,6 +576,95 @@ async fn decommission_drains_a_stopped_bookie_and_reports_done() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sampled_check_finds_a_live_replica_missing_entries_and_it_is_replaced() {
+    use bytes::Bytes;
+    use cms_bookie::client::master_key::master_key;
+    use cms_bookie::client::metadata::{NewLedger, new_ledger};
+    use cms_bookie::client::quorum::QuorumSpec;
+    use cms_bookie::entry::EntryHeader;
+    use cms_bookie::metadata::CreateMode;
+    use cms_bookie::proto::bookie::StatusCode;
+    use prost::Message;
+    const LAST: i64 = 11;
+    let zk = zk().await;
+    let zks = zk.connect_string();
+    let bookies = start_bookies(&zks, 4).await;
+    let store = init_store(&zks).await;
+    let layout = Layout::new(ROOT).unwrap();
+    let client = ledger_client(&zks, ledger_client_options()).await;
+    // A closed ledger E=3 Qw=3 Qa=2 on bookies 0, 1, 2 whose entries only
+    // bookies 0 and 1 hold: bookie 2 is alive but silently lacks them (as
+    // after a lost disk write the writer never noticed).
+    let id = 900_000_001;
+    let key = master_key(b"pw");
+    let mut length = 0;
+    for e in 0..=LAST {
+        let p = payload(e);
+        length += p.len() as u64;
+        let body = cms_bookie::entry::Entry::encode(
+            EntryHeader {
+                ledger_id: id,
+                entry_id: e,
+                lac: e - 1,
+                length,
+            },
+            &p,
+        );
+        for b in &bookies[..2] {
+            let st = b
+                .client()
+                .await
+                .add(id, e, key.clone(), false, body.clone())
+                .await
+                .unwrap();
+            assert_eq!(st, StatusCode::Ok);
+        }
+    }
+    let mut md = new_ledger(NewLedger {
+        ledger_id: id,
+        quorum: QuorumSpec::new(3, 3, 2).unwrap(),
+        ensemble: bookies[..3].iter().map(|b| b.id.clone()).collect(),
+        password: Bytes::from_static(b"pw"),
+        custom: HashMap::new(),
+        ctime_ms: 0,
+    })
+    .unwrap();
+    md.status = LedgerStatus::LedgerClosed as i32;
+    md.last_entry_id = LAST;
+    md.length = length;
+    let node = layout.ledger(id);
+    store
+        .create_all(cms_bookie::metadata::parent_of(&node).unwrap())
+        .await
+        .unwrap();
+    store
+        .create(&node, &md.encode_to_vec(), CreateMode::Persistent)
+        .await
+        .unwrap();
+    assert!(
+        !replica_mismatches(&client, &bookies, id, payload)
+            .await
+            .is_empty(),
+        "bookie 2 lacks the entries before the check"
+    );
+
+    // No bookie is ever lost (grace 10 min): only the sampled check can find it.
+    let ar = autorecovery_process(&zks, 600_000, &["--sample-check-interval-ms=300"]);
+    let lacking = bookies[2].id.clone();
+    let ids = [id];
+    eventually(
+        "the ledger no longer names the lacking bookie and every replica holds every entry",
+        30_000,
+        || fully_replicated(&client, &bookies, &ids, &lacking),
+    )
+    .await;
+    let marked = metric_value(ar.addr("http"), "cms_autorecovery_ledgers_marked_total")
+        .await
+        .unwrap();
+    assert!(marked >= 1.0, "the sampled check marked it: {marked}");
+}
+
 /// Measurement (ignored; run with `--ignored --nocapture`): re-replication
 /// rate of one worker, unthrottled and at the default throttle, for a ledger
 /// of 4000 entries of 1 KiB (E=3 Qw=2) that lost one bookie.

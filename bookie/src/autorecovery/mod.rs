@@ -72,6 +72,12 @@ pub struct AutorecoveryConfig {
     pub replication_entries_per_s_max: u64,
     /// Entry bytes copied per second at most (0 = unlimited).
     pub replication_bytes_per_s_max: u64,
+    /// Period of the auditor's sampled integrity check of closed ledgers, in
+    /// milliseconds (0 = off).
+    pub sample_check_interval_ms: u64,
+    /// Random entries read per segment by the sampled check, besides the
+    /// first E and the last of each segment.
+    pub sample_reads_per_segment: usize,
     /// Run the auditor election (false: worker only).
     pub auditor: bool,
     /// Run the worker.
@@ -87,6 +93,8 @@ impl Default for AutorecoveryConfig {
             audit_interval_ms: 5_000,
             replication_entries_per_s_max: 5_000,
             replication_bytes_per_s_max: 50 * 1024 * 1024,
+            sample_check_interval_ms: 3_600_000,
+            sample_reads_per_segment: 4,
             auditor: true,
             worker: true,
         }
@@ -212,6 +220,7 @@ pub async fn run(
         tokio::spawn(auditor_loop(
             store.clone(),
             layout.clone(),
+            client.clone(),
             config.clone(),
             metrics.clone(),
             shutdown.clone(),
@@ -391,6 +400,7 @@ pub async fn mark_underreplicated(
 async fn auditor_loop(
     store: Arc<dyn MetadataStore>,
     layout: Layout,
+    client: LedgerClient,
     config: AutorecoveryConfig,
     metrics: AutorecoveryMetrics,
     mut shutdown: watch::Receiver<bool>,
@@ -412,7 +422,7 @@ async fn auditor_loop(
             Ok(_) => {
                 info!(name = %config.name, "elected auditor");
                 metrics.is_auditor.set(1);
-                audit(&store, &layout, &config, &metrics, &mut shutdown).await;
+                audit(&store, &layout, &client, &config, &metrics, &mut shutdown).await;
                 metrics.is_auditor.set(0);
                 let _ = store.delete(&path, Expected::Any).await;
                 return;
@@ -432,6 +442,7 @@ async fn auditor_loop(
 async fn audit(
     store: &Arc<dyn MetadataStore>,
     layout: &Layout,
+    client: &LedgerClient,
     config: &AutorecoveryConfig,
     metrics: &AutorecoveryMetrics,
     shutdown: &mut watch::Receiver<bool>,
@@ -440,10 +451,26 @@ async fn audit(
     let mut tracker = LostTracker::new();
     let mut session = store.session_events();
     let mut marked: BTreeSet<u64> = BTreeSet::new();
+    let mut last_sample_check = Instant::now();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
     loop {
         if session.borrow_and_update().is_terminal() {
             warn!("auditor session ended");
             return;
+        }
+        if config.sample_check_interval_ms > 0
+            && last_sample_check.elapsed() >= Duration::from_millis(config.sample_check_interval_ms)
+        {
+            last_sample_check = Instant::now();
+            match sample_check(store.as_ref(), layout, client, config, &mut rng).await {
+                Ok(found) => {
+                    for (id, bookies) in found {
+                        metrics.ledgers_marked.inc();
+                        info!(ledger = id, bookies = ?bookies, "sampled check: replica missing entries; marked under-replicated");
+                    }
+                }
+                Err(e) => warn!(error = %e, "sampled integrity check failed"),
+            }
         }
         match audit_once(store.as_ref(), layout, config, &mut tracker, start).await {
             Ok(newly) => {
@@ -488,6 +515,81 @@ async fn audit_once(
     for (id, bookies) in ledgers_to_mark(&ledgers, &lost) {
         if mark_underreplicated(store, layout, id, &bookies).await? {
             out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// The auditor's sampled integrity check (reference §5, BookKeeper's
+/// periodic check): for every CLOSED ledger, reads the entries
+/// [`plan::sample_reads`] picks from every live bookie of their write sets
+/// (no fence), and marks under-replicated — naming the bookie — each ledger
+/// whose replica answered NO_ENTRY or NO_LEDGER. Timeouts, errors, limbo
+/// (UNKNOWN_LEDGER_STATE) and missing bookies prove nothing here and are
+/// skipped (lost bookies are the grace-period path's). Returns the ledgers
+/// marked by this pass with the bookies named.
+pub async fn sample_check(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    client: &LedgerClient,
+    config: &AutorecoveryConfig,
+    rng: &mut impl rand::Rng,
+) -> Result<Vec<(u64, BTreeSet<BookieId>)>, ReplicationError> {
+    client.refresh_bookies().await?;
+    let live: HashMap<BookieId, BookieInfo> = client
+        .bookies()
+        .into_iter()
+        .map(|b| (b.id.clone(), b))
+        .collect();
+    let opts = ClientOptions {
+        connect_timeout_ms: 2_000,
+        request_timeout_ms: 5_000,
+        add_queue_max: 16,
+    };
+    let mut conns: HashMap<BookieId, Option<BookieClient>> = HashMap::new();
+    let mut out = Vec::new();
+    for (id, md) in all_ledgers(store, layout).await? {
+        let reads = plan::sample_reads(&md, config.sample_reads_per_segment, |n| {
+            rng.random_range(0..n.max(1))
+        })?;
+        let mut missing: BTreeSet<BookieId> = BTreeSet::new();
+        for (entry_id, bookie) in reads {
+            if missing.contains(&bookie) {
+                continue;
+            }
+            let Some(info) = live.get(&bookie) else {
+                continue;
+            };
+            if !conns.contains_key(&bookie) {
+                let c =
+                    BookieClient::connect(&info.id, info.incarnation, &info.endpoint, opts.clone())
+                        .await
+                        .ok();
+                conns.insert(bookie.clone(), c);
+            }
+            let Some(Some(c)) = conns.get(&bookie) else {
+                continue;
+            };
+            match c.read(id, entry_id, None, "autorecovery-audit").await {
+                Ok(r) => match read_status(&r) {
+                    StatusCode::NoEntry | StatusCode::NoLedger => {
+                        debug!(ledger = id, entry = entry_id, bookie = %bookie, "sampled read: missing");
+                        missing.insert(bookie);
+                    }
+                    StatusCode::Ok if Entry::decode_expected(r.body, id, entry_id).is_err() => {
+                        warn!(ledger = id, entry = entry_id, bookie = %bookie, "sampled read: bad digest");
+                        missing.insert(bookie);
+                    }
+                    _ => {}
+                },
+                Err(e) => debug!(ledger = id, bookie = %bookie, error = %e, "sampled read failed"),
+            }
+        }
+        if !missing.is_empty() {
+            let names: Vec<BookieId> = missing.iter().cloned().collect();
+            if mark_underreplicated(store, layout, id, &names).await? {
+                out.push((id, missing));
+            }
         }
     }
     Ok(out)

@@ -168,6 +168,52 @@ pub fn copy_plan(
     Ok(out)
 }
 
+/// The reads of the auditor's sampled integrity check of one closed ledger:
+/// `(entry, bookie)` pairs, every bookie of the entry's write set. Per
+/// segment it samples the first `E` entries (so every ensemble slot is read at
+/// least once), the segment's last entry, and `random_per_segment` more
+/// entries picked by `pick(n)` (a number in `0..n`; the caller seeds it).
+/// Empty for a ledger that is not closed (entries past the LAC of an open
+/// ledger may legitimately be missing).
+pub fn sample_reads(
+    md: &LedgerMetadata,
+    random_per_segment: usize,
+    mut pick: impl FnMut(u64) -> u64,
+) -> Result<Vec<(EntryId, BookieId)>, PlanError> {
+    if md.status != crate::proto::metadata::LedgerStatus::LedgerClosed as i32 {
+        return Ok(Vec::new());
+    }
+    let spec = quorum_spec(md)?;
+    let mut out = Vec::new();
+    for (i, seg) in md.segments.iter().enumerate() {
+        let end = md
+            .segments
+            .get(i + 1)
+            .map_or(md.last_entry_id, |n| n.first_entry_id - 1)
+            .min(md.last_entry_id);
+        if end < seg.first_entry_id {
+            continue;
+        }
+        let len = u64::try_from(end - seg.first_entry_id + 1).unwrap_or(0);
+        let mut entries: BTreeSet<EntryId> = (seg.first_entry_id..=end)
+            .take(spec.ensemble_size())
+            .collect();
+        entries.insert(end);
+        for _ in 0..random_per_segment {
+            let off = i64::try_from(pick(len) % len.max(1)).unwrap_or(0);
+            entries.insert(seg.first_entry_id + off);
+        }
+        for e in entries {
+            for slot in spec.write_set(e) {
+                if let Some(b) = seg.ensemble.get(slot) {
+                    out.push((e, b.clone()));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Why a swap cannot be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SwapError {
@@ -332,5 +378,44 @@ mod tests {
             replace_in_segment(&m, 0, "b9", "b8"),
             Err(SwapError::NotInSegment("b9".into()))
         );
+    }
+
+    #[test]
+    fn sample_reads_cover_every_slot_of_every_segment_and_each_segment_end() {
+        // E=3 Qw=2: segment 0 holds entries 0..=9, segment 1 10..=20.
+        let m = md(
+            3,
+            2,
+            2,
+            20,
+            &[(0, &["a", "b", "c"]), (10, &["a", "d", "c"])],
+        );
+        let reads = sample_reads(&m, 2, |n| n - 1).unwrap();
+        let bookies: BTreeSet<&str> = reads.iter().map(|(_, b)| b.as_str()).collect();
+        assert_eq!(bookies, ["a", "b", "c", "d"].into());
+        for (e, b) in &reads {
+            let seg = if *e < 10 { 0 } else { 1 };
+            let slot = m.segments[seg]
+                .ensemble
+                .iter()
+                .position(|x| x == b)
+                .unwrap();
+            assert!(
+                quorum_spec(&m).unwrap().in_write_set(*e, slot),
+                "{b} is in the write set of {e}"
+            );
+        }
+        let entries: BTreeSet<i64> = reads.iter().map(|(e, _)| *e).collect();
+        // First E of each segment, each segment's last entry, and the picks (last).
+        assert_eq!(entries, [0, 1, 2, 9, 10, 11, 12, 20].into());
+    }
+
+    #[test]
+    fn sample_reads_skip_open_ledgers_and_empty_segments() {
+        let mut open = md(3, 3, 2, -1, &[(0, &["a", "b", "c"])]);
+        open.status = LedgerStatus::LedgerOpen as i32;
+        assert!(sample_reads(&open, 3, |_| 0).unwrap().is_empty());
+        let empty = md(3, 3, 2, -1, &[(0, &["a", "b", "c"])]);
+        assert!(sample_reads(&empty, 3, |_| 0).unwrap().is_empty());
     }
 }

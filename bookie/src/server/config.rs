@@ -160,6 +160,15 @@ pub struct BookieConfig {
     /// Autorecovery: entry bytes copied per second at most (0 = unlimited).
     #[arg(long, default_value_t = 50 * 1024 * 1024)]
     pub replication_bytes_per_s_max: u64,
+    /// Autorecovery: period of the auditor's sampled integrity check of
+    /// closed ledgers (reads a sample of entries from every replica), in
+    /// milliseconds; 0 turns it off.
+    #[arg(long, default_value_t = 3_600_000)]
+    pub sample_check_interval_ms: u64,
+    /// Autorecovery: random entries the sampled check reads per segment,
+    /// besides the first E and the last entry of each segment.
+    #[arg(long, default_value_t = 4)]
+    pub sample_reads_per_segment: usize,
 
     /// TESTS ONLY: run storage on the fault-injecting file system and serve
     /// `POST /test/power-cut` and `POST /test/fail-next-sync` on the HTTP port.
@@ -205,6 +214,8 @@ impl BookieConfig {
             audit_interval_ms: self.autorecovery_interval_ms.max(1),
             replication_entries_per_s_max: self.replication_entries_per_s_max,
             replication_bytes_per_s_max: self.replication_bytes_per_s_max,
+            sample_check_interval_ms: self.sample_check_interval_ms,
+            sample_reads_per_segment: self.sample_reads_per_segment,
             auditor: true,
             worker: true,
         }
