@@ -13,7 +13,12 @@
 //! - `stall`: one ledger with `--window` adds in flight for `--seconds`;
 //!   halfway, SIGKILL the process of one bookie of its ensemble
 //!   (`--bookie-pid id=pid`, repeated); reports the longest add latency and
-//!   the longest gap between two completions, and whether the ensemble changed.
+//!   the longest gap between two completions, and whether the ensemble changed;
+//! - `rate`: open loop, one ledger, `--rate` adds/s for `--seconds`, each add
+//!   sent at its intended time (at most `--window` in flight); latency from
+//!   the **intended** send time (no coordinated omission), as BENCH.md's W2;
+//! - `fill`: writes `--ledgers` ledgers of `--count` entries (`--window` in
+//!   flight), closes and keeps them (data for re-replication runs).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -38,6 +43,8 @@ enum Mode {
     Sync,
     Throughput,
     Stall,
+    Rate,
+    Fill,
 }
 
 /// Ledger client benchmarks.
@@ -86,6 +93,9 @@ struct Cli {
     /// `bookie-id=pid` of each bookie process (stall mode).
     #[arg(long)]
     bookie_pid: Vec<String>,
+    /// Adds per second (rate mode).
+    #[arg(long, default_value_t = 2_000)]
+    rate: u64,
 }
 
 fn summary(h: &Histogram<u64>) -> serde_json::Value {
@@ -116,6 +126,8 @@ async fn main() -> anyhow::Result<()> {
         Mode::Sync => sync(&cli).await?,
         Mode::Throughput => throughput(&cli).await?,
         Mode::Stall => stall(&cli).await?,
+        Mode::Rate => rate(&cli).await?,
+        Mode::Fill => fill(&cli).await?,
     };
     println!("{out}");
     std::io::stdout().flush().ok();
@@ -338,6 +350,84 @@ async fn throughput(cli: &Cli) -> anyhow::Result<serde_json::Value> {
         "mode": "throughput", "size": cli.size, "quorum": quorum(cli),
         "ledgers": cli.ledgers, "window": cli.window,
         "entries_per_s": rate, "mib_per_s": mib, "latency": s,
+    }))
+}
+
+async fn rate(cli: &Cli) -> anyhow::Result<serde_json::Value> {
+    let c = client(cli).await?;
+    let w = create(cli, &c).await?;
+    let payload = Bytes::from(vec![0x5Au8; cli.size]);
+    let rate = cli.rate.max(1);
+    let total = rate.saturating_mul(cli.seconds);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(cli.window.max(1));
+    // Completions are in add order, so one task awaits them in order.
+    let collector = tokio::spawn(async move {
+        let mut h = new_hist()?;
+        while let Some((intended, pending)) = rx.recv().await {
+            let pending: cms_bookie::client::driver::PendingAdd = pending;
+            pending.await?;
+            h.record(micros(Instant::now().saturating_duration_since(intended)))?;
+        }
+        Ok::<_, anyhow::Error>(h)
+    });
+    let start = Instant::now() + Duration::from_millis(10);
+    for i in 0..total {
+        let intended = start + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(intended.into()).await;
+        let pending = w.add_pipelined(payload.clone()).await?;
+        if tx.send((intended, pending)).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let h = collector.await??;
+    w.close().await?;
+    c.delete_ledger(w.ledger_id()).await?;
+    let s = summary(&h);
+    eprintln!(
+        "open loop {rate}/s for {} s, {} B, {}: latency from the intended send time {s}",
+        cli.seconds,
+        cli.size,
+        quorum(cli)
+    );
+    Ok(serde_json::json!({
+        "mode": "rate", "size": cli.size, "quorum": quorum(cli), "rate": rate,
+        "seconds": cli.seconds, "latency": s,
+    }))
+}
+
+async fn fill(cli: &Cli) -> anyhow::Result<serde_json::Value> {
+    let c = client(cli).await?;
+    let payload = Bytes::from(vec![0x5Au8; cli.size]);
+    let mut ids = Vec::new();
+    for _ in 0..cli.ledgers.max(1) {
+        let w = create(cli, &c).await?;
+        let mut pending = VecDeque::with_capacity(cli.window.max(1));
+        for _ in 0..cli.count {
+            if pending.len() >= cli.window.max(1)
+                && let Some(p) = pending.pop_front()
+            {
+                let p: cms_bookie::client::driver::PendingAdd = p;
+                p.await?;
+            }
+            pending.push_back(w.add_pipelined(payload.clone()).await?);
+        }
+        for p in pending {
+            p.await?;
+        }
+        w.close().await?;
+        ids.push(w.ledger_id());
+    }
+    eprintln!(
+        "filled {} ledger(s) x {} entries of {} B, {}",
+        ids.len(),
+        cli.count,
+        cli.size,
+        quorum(cli)
+    );
+    Ok(serde_json::json!({
+        "mode": "fill", "size": cli.size, "quorum": quorum(cli), "entries": cli.count,
+        "ledgers": ids,
     }))
 }
 
