@@ -9,4 +9,5 @@
 //! Pulsar protocol, dispatch and the rest are not built yet: the binary says so
 //! and exits non-zero.
 
+pub mod dispatch;
 pub mod managed_ledger;
