@@ -11,3 +11,4 @@
 
 pub mod dispatch;
 pub mod managed_ledger;
+pub mod subscription;
