@@ -861,7 +861,7 @@ fn frames_recorded_from_the_cpp_client_decode() {
     );
 
     let f = one("0000000d00000009080b5a05080010e807");
-    assert_eq!(f.command().flow.clone().unwrap().message_permits, 1000);
+    assert_eq!(f.command().flow.unwrap().message_permits, 1000);
 
     let f = one("000000120000000e080a520a080010001a0408071000");
     let a = f.command().ack.clone().unwrap();
