@@ -199,6 +199,7 @@ pub(super) async fn open_durable(
             durable: true,
             read_after,
             io: Some(Arc::new(tokio::sync::Mutex::new(cl))),
+            snapshots_written: 1,
         },
     );
     Ok(())
@@ -254,10 +255,12 @@ pub(super) async fn persist(shared: &Shared, name: &str, force: bool) -> Result<
             None => Ok(()),
         }
     };
-    if r.is_err()
-        && let Some(slot) = shared.core().cursors.get_mut(name)
-    {
-        slot.cursor.persist_failed();
+    if let Some(slot) = shared.core().cursors.get_mut(name) {
+        if r.is_ok() {
+            slot.snapshots_written += 1;
+        } else {
+            slot.cursor.persist_failed();
+        }
     }
     r
 }

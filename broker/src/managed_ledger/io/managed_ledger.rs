@@ -162,6 +162,9 @@ pub(super) struct CursorSlot {
     pub(super) read_after: Position,
     /// The cursor's own ledger (durable cursors only).
     pub(super) io: Option<Arc<tokio::sync::Mutex<CursorLedger>>>,
+    /// Snapshots this owner wrote durably (cursor ledger entries acked,
+    /// including the one written on open).
+    pub(super) snapshots_written: u64,
 }
 
 pub(super) struct Core {
@@ -885,6 +888,7 @@ impl ManagedLedger {
                 durable: false,
                 read_after,
                 io: None,
+                snapshots_written: 0,
             },
         );
         ManagedCursor {
@@ -1141,6 +1145,19 @@ impl ManagedCursor {
     /// The last position read through this cursor.
     pub fn read_position(&self) -> Result<Position, MlError> {
         self.with(|s, _| s.read_after)
+    }
+
+    /// The individually acknowledged ranges after the mark-delete (inclusive
+    /// `(first, last)` pairs, ascending).
+    pub fn acked_ranges(&self) -> Result<Vec<(Position, Position)>, MlError> {
+        self.with(|s, _| s.cursor.acked_ranges().iter().collect())
+    }
+
+    /// Snapshots of this cursor written durably by this owner so far (the
+    /// one written on open included). When it grows across a call, every
+    /// acknowledgement made before that call is persisted.
+    pub fn snapshots_written(&self) -> Result<u64, MlError> {
+        self.with(|s, _| s.snapshots_written)
     }
 
     /// Reads up to `count_max` entries after the read position, skipping
