@@ -480,6 +480,135 @@ async fn measure_append_throughput_against_the_raw_ledger() {
     );
 }
 
+/// TTL with a publish-time function: only entries published before the
+/// cutoff expire (the mark-delete moves; an individual ack after it stays),
+/// trimming then removes only ledgers wholly expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_expires_only_entries_published_before_the_cutoff() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let (client, _, _) = managed_ledger_env(&zk.connect_string()).await;
+    let cfg = ManagedLedgerConfig {
+        message_ttl_seconds: 30,
+        ttl_check_interval_ms: 0,
+        ..config(5)
+    };
+    let ml = open(&zk, "t/ns/ttl", cfg, EntryCache::new(1 << 20)).await;
+    ml.set_publish_time_fn(std::sync::Arc::new(|b: &[u8]| {
+        std::str::from_utf8(b)
+            .ok()?
+            .split(' ')
+            .next()?
+            .strip_prefix("ts=")?
+            .parse()
+            .ok()
+    }));
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut p = Vec::new();
+    for i in 0..20u64 {
+        let ts = if i < 10 { now - 60_000 } else { now };
+        p.push(ml.append(format!("ts={ts} {i}")).await.unwrap());
+    }
+    sub.ack(p[15]).await.unwrap();
+    let trimmed = ml.tick().await.unwrap();
+    assert_eq!(
+        sub.mark_delete().unwrap(),
+        p[9],
+        "expired up to the last old entry"
+    );
+    assert!(sub.is_acked(p[15]).unwrap());
+    assert!(!sub.is_acked(p[10]).unwrap());
+    assert_eq!(sub.backlog_entries().unwrap(), 9);
+    assert_eq!(trimmed, vec![p[0].ledger_id, p[5].ledger_id]);
+    for id in &trimmed {
+        assert!(client.ledger_metadata(*id).await.is_err());
+    }
+    let rest: Vec<Position> = ml
+        .read(Position::new(0, 0), 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.position)
+        .collect();
+    assert_eq!(rest, p[10..].to_vec(), "no unexpired entry is gone");
+    // Nothing more expires while the rest is young.
+    assert_eq!(ml.expire_messages(30).await.unwrap(), Vec::<String>::new());
+    assert_eq!(sub.mark_delete().unwrap(), p[9]);
+    ml.close().await.unwrap();
+}
+
+/// TTL without a publish-time function: whole ledgers closed before the
+/// cutoff expire, never entries of the current ledger; an idle current
+/// ledger is rolled by `tick` once past its maximum age and then expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_by_ledger_close_time_and_idle_rollover_on_tick() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let cfg = ManagedLedgerConfig {
+        rollover: RolloverPolicy {
+            age_ms_min: 0,
+            age_ms_max: 2_000,
+            entries_max: 5,
+            ..RolloverPolicy::default()
+        },
+        message_ttl_seconds: 1,
+        ttl_check_interval_ms: 0,
+        ..config(5)
+    };
+    let ml = open(&zk, "t/ns/ttl-close", cfg, EntryCache::new(1 << 20)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let p = append_n(&ml, 0, 12).await;
+    let current = p[11].ledger_id;
+    assert_eq!(p[10].ledger_id, current);
+    let (p9, p11) = (p[9], p[11]);
+    cms_tests::harness::wait::eventually("closed ledgers expire", 10_000, || {
+        let (ml, sub) = (ml.clone(), sub.clone());
+        async move {
+            ml.tick().await.unwrap();
+            let md = sub.mark_delete().unwrap();
+            // Never into the current ledger while it is open.
+            assert!(
+                md <= p9 || ml.ledgers().ledger(current).unwrap().closed_ms.is_some(),
+                "{md}"
+            );
+            md == p9
+        }
+    })
+    .await;
+    // The idle current ledger is rolled on tick, then its entries expire.
+    cms_tests::harness::wait::eventually("the idle ledger rolls and expires", 10_000, || {
+        let (ml, sub) = (ml.clone(), sub.clone());
+        async move {
+            ml.tick().await.unwrap();
+            sub.mark_delete().unwrap() == p11
+        }
+    })
+    .await;
+    // Rolled (a new current ledger), expired, and then trimmed as consumed.
+    let ledgers = ml.ledgers();
+    assert_eq!(
+        ledgers.current_ledger_id().map(|id| id > current),
+        Some(true)
+    );
+    assert!(
+        ledgers
+            .ledger(current)
+            .is_none_or(|l| l.closed_ms.is_some())
+    );
+    assert_eq!(sub.backlog_entries().unwrap(), 0);
+    ml.close().await.unwrap();
+}
+
 /// One line of a `cms-test-ml-consumer` journal (see that binary's doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum JournalLine {

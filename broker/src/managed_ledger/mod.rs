@@ -21,6 +21,7 @@ pub mod publish_time;
 pub mod range_set;
 pub mod rollover;
 pub mod trim;
+pub mod ttl;
 
 pub mod io;
 

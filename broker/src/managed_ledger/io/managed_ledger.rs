@@ -28,7 +28,8 @@ use super::cursor_io::{self, CursorLedger};
 use crate::managed_ledger::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
     LedgerList, LedgerListError, Position, PublishTimeSearch, RetentionPolicy, RolloverDecision,
-    RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers, proto,
+    RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers, proto, ttl,
+    ttl_cutoff_ms,
 };
 
 /// Settings of one managed ledger (broker defaults, overridable per namespace).
@@ -52,6 +53,13 @@ pub struct ManagedLedgerConfig {
     pub retention: RetentionPolicy,
     /// Appends submitted and not yet completed, at most (appends wait beyond).
     pub pending_appends_max: usize,
+    /// Message TTL in seconds (namespace policy; 0 = none): `tick` moves the
+    /// mark-delete of every durable cursor past entries older than this (see
+    /// [`crate::managed_ledger::ttl`] for how age is known).
+    pub message_ttl_seconds: u64,
+    /// `tick` checks the TTL at most once per this many ms (Pulsar:
+    /// `messageExpiryCheckIntervalInMinutes=5`).
+    pub ttl_check_interval_ms: u64,
 }
 
 impl Default for ManagedLedgerConfig {
@@ -66,6 +74,8 @@ impl Default for ManagedLedgerConfig {
             cursor_ledger_rollover: CursorLedgerRollover::default(),
             retention: RetentionPolicy::default(),
             pending_appends_max: 10_000,
+            message_ttl_seconds: 0,
+            ttl_check_interval_ms: 5 * 60 * 1000,
         }
     }
 }
@@ -113,6 +123,10 @@ pub enum MlError {
     #[error(transparent)]
     Search(SearchError),
 }
+
+/// Reads an entry's publish time (ms since the Unix epoch) from its bytes;
+/// `None` if it cannot tell.
+pub type PublishTimeFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 
 /// One entry read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,6 +248,10 @@ pub(super) struct Shared {
     writer: tokio::sync::Mutex<WriterState>,
     confirmed: watch::Sender<Position>,
     readers: Mutex<HashMap<u64, ReadHandle>>,
+    /// Publish time of an entry, for TTL (`None`: ledger close times).
+    publish_time: Mutex<Option<PublishTimeFn>>,
+    /// When `tick` last checked the TTL, ms.
+    ttl_checked_ms: Mutex<Option<u64>>,
 }
 
 /// An open managed ledger (cheap to clone; clones share it). Dropping every
@@ -667,6 +685,8 @@ impl ManagedLedger {
             }),
             confirmed: watch::channel(last).0,
             readers: Mutex::new(HashMap::new()),
+            publish_time: Mutex::new(None),
+            ttl_checked_ms: Mutex::new(None),
         });
         // The first ledger of this owner: in the list before its first write.
         let handle = shared.create_ledger().await?;
@@ -906,11 +926,120 @@ impl ManagedLedger {
         Ok(())
     }
 
-    /// The owner's periodic work (call every second or so): persists the
-    /// cursors whose snapshot is due, then trims.
+    /// The owner's periodic work (call every second or so): rolls the
+    /// current ledger if the rollover policy says so even without appends
+    /// (age), expires entries older than the message TTL when a check is
+    /// due, persists the cursors whose snapshot is due, then trims.
     pub async fn tick(&self) -> Result<Vec<u64>, MlError> {
+        self.roll_if_due().await?;
+        let ttl = self.shared.config.message_ttl_seconds;
+        if ttl > 0 {
+            let now = now_ms();
+            let due = {
+                let mut last = lock(&self.shared.ttl_checked_ms);
+                let due = last.is_none_or(|t| {
+                    now.saturating_sub(t) >= self.shared.config.ttl_check_interval_ms
+                });
+                if due {
+                    *last = Some(now);
+                }
+                due
+            };
+            if due {
+                self.expire_messages(ttl).await?;
+            }
+        }
         self.persist_due_cursors().await?;
         self.trim().await
+    }
+
+    /// Rolls the current ledger now if the rollover policy says so (an idle
+    /// ledger past its maximum age is rolled without waiting for an append).
+    pub async fn roll_if_due(&self) -> Result<(), MlError> {
+        let s = &self.shared;
+        let mut w = s.writer.lock().await;
+        if let Some(t) = s.terminal() {
+            return Err(t);
+        }
+        if w.handle.is_none() {
+            return Ok(());
+        }
+        let decision = s
+            .config
+            .rollover
+            .decide(w.entries, w.size_bytes, w.ctime_ms, now_ms());
+        if let RolloverDecision::Roll(reason) = decision {
+            info!(managed_ledger = %s.name, ledger = w.ledger_id, ?reason, "rolling over (tick)");
+            self.roll(&mut w).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the function reading an entry's publish time, used by TTL expiry
+    /// (without one, whole ledgers closed before the cutoff expire).
+    pub fn set_publish_time_fn(&self, f: PublishTimeFn) {
+        *lock(&self.shared.publish_time) = Some(f);
+    }
+
+    /// Expires entries older than `ttl_seconds` (0: none) on every durable
+    /// cursor by moving its mark-delete (never deleting anything); an entry
+    /// whose publish time cannot be read counts as new. Returns the cursors
+    /// moved.
+    pub async fn expire_messages(&self, ttl_seconds: u64) -> Result<Vec<String>, MlError> {
+        let s = &self.shared;
+        if let Some(t) = s.terminal() {
+            return Err(t);
+        }
+        let Some(cutoff) = ttl_cutoff_ms(now_ms(), ttl_seconds) else {
+            return Ok(Vec::new());
+        };
+        let f = lock(&s.publish_time).clone();
+        let target = match f {
+            None => ttl::target_by_close_time(&s.core().list, cutoff),
+            Some(f) => {
+                let list = s.core().list.clone();
+                let mut search = PublishTimeSearch::new(&list, cutoff);
+                let mut step = search.step();
+                let result = loop {
+                    match step {
+                        SearchStep::Read(p) => {
+                            let e = s.read(p, 1).await?;
+                            let entry = e
+                                .into_iter()
+                                .find(|e| e.position == p)
+                                .ok_or(MlError::NotReadable(p))?;
+                            let t = f(&entry.payload).unwrap_or(u64::MAX);
+                            step = search.feed(p, t).map_err(MlError::Search)?;
+                        }
+                        SearchStep::Done(r) => break r,
+                    }
+                };
+                ttl::target_from_search(&list, result)
+            }
+        };
+        let Some(target) = target else {
+            return Ok(Vec::new());
+        };
+        let moved: Vec<String> = {
+            let mut c = s.core();
+            let c = &mut *c;
+            let mut moved = Vec::new();
+            for (name, slot) in c.cursors.iter_mut().filter(|(_, x)| x.durable) {
+                match slot.cursor.expire_up_to(target, &c.list) {
+                    Ok(true) => moved.push(name.clone()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(managed_ledger = %s.name, cursor = %name, error = %e, "TTL expiry refused")
+                    }
+                }
+            }
+            moved
+        };
+        for name in &moved {
+            info!(managed_ledger = %s.name, cursor = %name, up_to = %target, ttl_seconds, "entries expired by TTL");
+            cursor_io::persist(s, name, false).await?;
+        }
+        Ok(moved)
     }
 
     /// Deletes the ledgers trimming allows now (behind the slowest durable

@@ -34,5 +34,5 @@ pub mod managed_ledger;
 
 pub use cache::EntryCache;
 pub use managed_ledger::{
-    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, SeekTarget,
+    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, PublishTimeFn, SeekTarget,
 };
