@@ -609,6 +609,157 @@ async fn ttl_by_ledger_close_time_and_idle_rollover_on_tick() {
     ml.close().await.unwrap();
 }
 
+/// Retention (invariant 7): a consumed ledger is deleted only behind the
+/// slowest durable cursor AND when retention allows: by size, only while the
+/// topic keeps at least the retention size without it; by time, not before
+/// the retention time since its close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_size_and_time_hold_consumed_ledgers_behind_the_slowest_cursor() {
+    use cms_broker::managed_ledger::RetentionPolicy;
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let (client, _, _) = managed_ledger_env(&zk.connect_string()).await;
+    // 100 KiB entries, 5 per ledger: 500 KiB per ledger; keep 1 MiB.
+    let cfg = ManagedLedgerConfig {
+        retention: RetentionPolicy {
+            time_minutes: -1,
+            size_mb: 1,
+        },
+        ..config(5)
+    };
+    let ml = open(&zk, "t/ns/retention-size", cfg, EntryCache::new(0)).await;
+    let fast = ml
+        .open_cursor("fast", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let slow = ml
+        .open_cursor("slow", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let mut p = Vec::new();
+    for i in 0..30u8 {
+        p.push(ml.append(vec![i; 100 * 1024]).await.unwrap());
+    }
+    let ledger = |i: usize| p[i].ledger_id;
+    fast.ack_cumulative(p[29]).await.unwrap();
+    slow.ack_cumulative(p[7]).await.unwrap();
+    // Size would allow three; the slow cursor only the first.
+    assert_eq!(ml.trim().await.unwrap(), vec![ledger(0)]);
+    slow.ack_cumulative(p[29]).await.unwrap();
+    // Everything is consumed; size keeps >= 1 MiB: 3 x 500 KiB stay.
+    assert_eq!(ml.trim().await.unwrap(), vec![ledger(5), ledger(10)]);
+    assert_eq!(ml.trim().await.unwrap(), Vec::<u64>::new());
+    for i in [0, 5, 10] {
+        assert!(client.ledger_metadata(ledger(i)).await.is_err());
+    }
+    let kept: Vec<u64> = ml.ledgers().ledgers().iter().map(|l| l.ledger_id).collect();
+    assert_eq!(kept, vec![ledger(15), ledger(20), ledger(25)]);
+    for id in kept {
+        assert!(client.ledger_metadata(id).await.is_ok());
+    }
+    ml.close().await.unwrap();
+
+    // Time: consumed ledgers closed less than the retention time ago stay.
+    let cfg = ManagedLedgerConfig {
+        retention: RetentionPolicy {
+            time_minutes: 1,
+            size_mb: -1,
+        },
+        ..config(5)
+    };
+    let ml = open(&zk, "t/ns/retention-time", cfg, EntryCache::new(0)).await;
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let p = append_n(&ml, 0, 20).await;
+    sub.ack_cumulative(p[19]).await.unwrap();
+    assert_eq!(sub.backlog_entries().unwrap(), 0);
+    assert_eq!(ml.tick().await.unwrap(), Vec::<u64>::new());
+    assert_eq!(ml.ledgers().ledgers().len(), 4);
+    let all = ml.read(Position::new(0, 0), 100).await.unwrap();
+    assert_eq!(all.len(), 20, "consumed but retained entries stay readable");
+    ml.close().await.unwrap();
+}
+
+/// Deleting a topic removes its data ledgers, every cursor's ledger, the
+/// cursor nodes and the managed-ledger node, including a cursor not open in
+/// this handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_topic_removes_its_ledgers_cursor_ledgers_and_metadata() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let (client, store, layout) = managed_ledger_env(&zk.connect_string()).await;
+    let name = "t/ns/doomed";
+    let path = format!("{}/t/ns/persistent/doomed", layout.managed_ledgers());
+    let ml = open(&zk, name, config(5), EntryCache::new(1 << 20)).await;
+    for c in ["a", "b"] {
+        ml.open_cursor(c, InitialPosition::Earliest).await.unwrap();
+    }
+    let p = append_n(&ml, 0, 12).await;
+    ml.open_cursor("a", InitialPosition::Earliest)
+        .await
+        .unwrap()
+        .ack(p[3])
+        .await
+        .unwrap();
+    ml.close().await.unwrap();
+    // A second owner (restoring "a" and "b"), and a cursor node with its own
+    // ledger that this owner never opened.
+    let ml = open(&zk, name, config(5), EntryCache::new(1 << 20)).await;
+    let orphan = format!("{path}/orphan");
+    let orphan_ledger = client
+        .create_ledger(3, 3, 2, b"pw", std::collections::HashMap::new())
+        .await
+        .unwrap()
+        .ledger_id();
+    let orphan_info = proto::CursorInfo {
+        cursor_ledger_id: i64::try_from(orphan_ledger).unwrap(),
+        ..proto::CursorInfo::default()
+    };
+    store
+        .create(
+            &orphan,
+            &orphan_info.encode_to_vec(),
+            cms_bookie::metadata::CreateMode::Persistent,
+        )
+        .await
+        .unwrap();
+    let cursor_ledgers: Vec<u64> = {
+        let mut out = Vec::new();
+        for c in ["a", "b"] {
+            let (data, _) = store.get(&format!("{path}/{c}")).await.unwrap();
+            let info = proto::CursorInfo::decode(data.as_slice()).unwrap();
+            out.push(u64::try_from(info.cursor_ledger_id).unwrap());
+        }
+        out.push(orphan_ledger);
+        out
+    };
+    let data_ledgers: Vec<u64> = ml.ledgers().ledgers().iter().map(|l| l.ledger_id).collect();
+    assert!(data_ledgers.len() >= 3, "{data_ledgers:?}");
+    for id in data_ledgers.iter().chain(&cursor_ledgers) {
+        assert!(client.ledger_metadata(*id).await.is_ok(), "ledger {id}");
+    }
+    ml.delete().await.unwrap();
+    for id in data_ledgers.iter().chain(&cursor_ledgers) {
+        assert_eq!(
+            client.ledger_metadata(*id).await.unwrap_err(),
+            LedgerError::NoSuchLedger(*id),
+            "ledger {id} deleted"
+        );
+    }
+    assert!(store.exists(&path).await.unwrap().is_none());
+    assert!(store.exists(&orphan).await.unwrap().is_none());
+    assert!(matches!(
+        ml.append(payload(0)).await,
+        Err(MlError::Closed(_))
+    ));
+    // The name is free again: a new topic starts empty.
+    let ml = open(&zk, name, config(5), EntryCache::new(1 << 20)).await;
+    assert!(ml.read(Position::new(0, 0), 10).await.unwrap().is_empty());
+    ml.delete().await.unwrap();
+}
+
 /// One line of a `cms-test-ml-consumer` journal (see that binary's doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum JournalLine {

@@ -1127,9 +1127,22 @@ impl ManagedLedger {
             }
             delete_node_quietly(&*s.store, &join(&s.path, &n)).await?;
         }
-        // Cursor nodes of cursors never opened here.
+        // Cursor nodes (and their ledgers) of cursors never opened here.
         for n in s.store.children(&s.path).await.map_err(MlError::Metadata)? {
-            delete_node_quietly(&*s.store, &join(&s.path, &n)).await?;
+            let node = join(&s.path, &n);
+            match s.store.get(&node).await {
+                Ok((data, _)) => {
+                    if let Some(id) = proto::CursorInfo::decode(data.as_slice())
+                        .ok()
+                        .and_then(|i| u64::try_from(i.cursor_ledger_id).ok())
+                    {
+                        delete_ledger_quietly(&s.client, id).await;
+                    }
+                }
+                Err(MetadataError::NoNode(_)) => {}
+                Err(e) => return Err(MlError::Metadata(e)),
+            }
+            delete_node_quietly(&*s.store, &node).await?;
         }
         let ids: Vec<u64> = {
             let c = s.core();
