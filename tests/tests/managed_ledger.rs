@@ -76,13 +76,24 @@ async fn appends_across_rollovers_read_back_in_order_from_cache_and_bookies() {
     let zk = zk().await;
     let _bookies = start_bookies(&zk.connect_string(), 3).await;
     // No cache: every read goes to the bookies.
-    let ml = open(&zk, "t/ns/rollover", config(10), EntryCache::new(0)).await;
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let cfg = ManagedLedgerConfig {
+        metrics: metrics.clone(),
+        ..config(10)
+    };
+    let ml = open(&zk, "t/ns/rollover", cfg, EntryCache::new(0)).await;
     let positions = append_n(&ml, 0, 55).await;
+    let m = metrics.snapshot();
+    assert_eq!((m.appends, m.append_bytes, m.rollovers), (55, 55 * 14, 5));
+    assert_eq!(m.append_latency_buckets.last(), Some(&(None, 55)));
+    assert_eq!(m.append_failures, 0);
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
     let ledgers: std::collections::BTreeSet<u64> = positions.iter().map(|p| p.ledger_id).collect();
     assert_eq!(ledgers.len(), 6, "10 entries per ledger: {positions:?}");
     let entries = ml.read(Position::new(0, 0), 1_000).await.unwrap();
     assert_eq!(entries.len(), 55);
+    let m = metrics.snapshot();
+    assert_eq!((m.cache_hits, m.cache_misses), (0, 55));
     for (i, e) in entries.iter().enumerate() {
         assert_eq!(e.position, positions[i]);
         assert_eq!(e.payload.as_ref(), payload(i).as_slice());

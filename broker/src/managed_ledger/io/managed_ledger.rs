@@ -25,11 +25,12 @@ use tracing::{info, warn};
 
 use super::cache::EntryCache;
 use super::cursor_io::{self, CursorLedger};
+use crate::managed_ledger::metrics::add;
 use crate::managed_ledger::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
-    LedgerList, LedgerListError, Position, PublishTimeSearch, RetentionPolicy, RolloverDecision,
-    RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers, proto, ttl,
-    ttl_cutoff_ms,
+    LedgerList, LedgerListError, MlMetrics, Position, PublishTimeSearch, RetentionPolicy,
+    RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers,
+    proto, ttl, ttl_cutoff_ms,
 };
 
 /// Settings of one managed ledger (broker defaults, overridable per namespace).
@@ -60,6 +61,8 @@ pub struct ManagedLedgerConfig {
     /// `tick` checks the TTL at most once per this many ms (Pulsar:
     /// `messageExpiryCheckIntervalInMinutes=5`).
     pub ttl_check_interval_ms: u64,
+    /// Where this managed ledger counts (share one set per broker).
+    pub metrics: MlMetrics,
 }
 
 impl Default for ManagedLedgerConfig {
@@ -76,6 +79,7 @@ impl Default for ManagedLedgerConfig {
             pending_appends_max: 10_000,
             message_ttl_seconds: 0,
             ttl_check_interval_ms: 5 * 60 * 1000,
+            metrics: MlMetrics::default(),
         }
     }
 }
@@ -223,6 +227,7 @@ enum Completion {
         pending: PendingAdd,
         payload: Bytes,
         reply: oneshot::Sender<Result<Position, MlError>>,
+        submitted: std::time::Instant,
     },
     Roll {
         old: WriteHandle,
@@ -453,6 +458,7 @@ impl Shared {
             while e <= last {
                 let pos = Position::new(ledger_id, e);
                 if let Some(payload) = self.cache.get(self.cache_id, pos) {
+                    add(&self.config.metrics.cache_hits, 1);
                     out.push(Entry {
                         position: pos,
                         payload,
@@ -471,7 +477,12 @@ impl Shared {
                 {
                     miss_end += 1;
                 }
-                out.extend(self.read_bookies(ledger_id, e, miss_end).await?);
+                let n = self.read_bookies(ledger_id, e, miss_end).await?;
+                add(
+                    &self.config.metrics.cache_misses,
+                    u64::try_from(n.len()).unwrap_or(u64::MAX),
+                );
+                out.extend(n);
                 e = miss_end + 1;
             }
         }
@@ -489,8 +500,20 @@ impl Shared {
                     pending,
                     payload,
                     reply,
+                    submitted,
                 } => {
+                    let len = u64::try_from(payload.len()).unwrap_or(u64::MAX);
                     let r = shared.complete_add(ledger_id, pending, payload).await;
+                    let m = &shared.config.metrics;
+                    if r.is_ok() {
+                        add(&m.appends, 1);
+                        add(&m.append_bytes, len);
+                        m.append_latency.record_us(
+                            u64::try_from(submitted.elapsed().as_micros()).unwrap_or(u64::MAX),
+                        );
+                    } else {
+                        add(&m.append_failures, 1);
+                    }
                     let _ = reply.send(r);
                 }
                 Completion::Roll {
@@ -787,6 +810,7 @@ impl ManagedLedger {
             pending,
             payload,
             reply,
+            submitted: std::time::Instant::now(),
         };
         if w.tx.send(item).await.is_err() {
             return Err(MlError::Closed(s.name.clone()));
@@ -835,6 +859,7 @@ impl ManagedLedger {
         w.ctime_ms = ctime;
         w.entries = 0;
         w.size_bytes = 0;
+        add(&s.config.metrics.rollovers, 1);
         w.tx.send(Completion::Roll {
             old,
             new_ledger_id: w.ledger_id,
@@ -1036,6 +1061,7 @@ impl ManagedLedger {
             moved
         };
         for name in &moved {
+            add(&s.config.metrics.ttl_expiries, 1);
             info!(managed_ledger = %s.name, cursor = %name, up_to = %target, ttl_seconds, "entries expired by TTL");
             cursor_io::persist(s, name, false).await?;
         }
@@ -1081,6 +1107,10 @@ impl ManagedLedger {
                 }
             }
         }
+        add(
+            &s.config.metrics.ledgers_trimmed,
+            u64::try_from(ids.len()).unwrap_or(u64::MAX),
+        );
         info!(managed_ledger = %s.name, ledgers = ?ids, "trimmed");
         Ok(ids)
     }
