@@ -19,14 +19,12 @@
 //!
 //! Decisions (rollover, persistence rate, trimming, publish-time search) stay
 //! in the core; this module only reads, writes and sequences. It starts no
-//! timer: the owner calls [`ManagedLedger::tick`] periodically (due cursor
-//! snapshots, trimming).
+//! timer: the owner calls [`ManagedLedger::tick`] periodically (idle
+//! rollover, TTL expiry, due cursor snapshots, trimming).
 //!
 //! Not yet: a ledger write error other than `Fenced` makes the handle
-//! terminal (no close-and-resend on a new ledger); rollover is decided on
-//! append only (an idle ledger past its age is rolled by the next append);
-//! catch-up reads have no read-ahead; TTL expiry is not driven; the
-//! dropped-ranges count is not exported as a metric.
+//! terminal (no close-and-resend on a new ledger; the broker reloads the
+//! topic); catch-up reads bypass the cache but have no read-ahead.
 
 pub mod cache;
 mod cursor_io;
