@@ -22,7 +22,7 @@
 //!   lost), summed over snapshots; `snapshots_with_dropped_ranges`: snapshots
 //!   that left any out;
 //! - `cache_hits`, `cache_misses`: entries read from the entry cache vs from
-//!   bookies (the cache size is [`super::io::EntryCache::size_bytes`] and
+//!   bookies; `bookie_reads`: read requests sent for the misses (the cache size is [`super::io::EntryCache::size_bytes`] and
 //!   [`super::io::EntryCache::len`], gauges read from the cache itself);
 //! - `ledgers_trimmed`, `ttl_expiries` (cursor mark-deletes moved by TTL).
 
@@ -92,6 +92,7 @@ pub struct MlMetricsInner {
     pub snapshots_with_dropped_ranges: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    pub bookie_reads: AtomicU64,
     pub ledgers_trimmed: AtomicU64,
     pub ttl_expiries: AtomicU64,
 }
@@ -139,6 +140,7 @@ pub struct MlMetricsSnapshot {
     pub snapshots_with_dropped_ranges: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    pub bookie_reads: u64,
     pub ledgers_trimmed: u64,
     pub ttl_expiries: u64,
 }
@@ -166,6 +168,7 @@ impl MlMetrics {
             snapshots_with_dropped_ranges: r(&self.snapshots_with_dropped_ranges),
             cache_hits: r(&self.cache_hits),
             cache_misses: r(&self.cache_misses),
+            bookie_reads: r(&self.bookie_reads),
             ledgers_trimmed: r(&self.ledgers_trimmed),
             ttl_expiries: r(&self.ttl_expiries),
         }

@@ -206,6 +206,7 @@ pub(super) async fn open_durable(
             read_after,
             io: Some(Arc::new(tokio::sync::Mutex::new(cl))),
             snapshots_written: 1,
+            read_ahead: std::collections::VecDeque::new(),
         },
     );
     Ok(())

@@ -63,6 +63,12 @@ pub struct ManagedLedgerConfig {
     pub ttl_check_interval_ms: u64,
     /// Where this managed ledger counts (share one set per broker).
     pub metrics: MlMetrics,
+    /// A cursor reading behind the cache (catch-up) reads up to this many
+    /// entries at once and keeps those beyond what was asked for its next
+    /// reads (0 = no read-ahead; Pulsar: `dispatcherMaxReadBatchSize=100`).
+    pub read_ahead_entries: usize,
+    /// Payload bytes one cursor keeps read ahead, at most.
+    pub read_ahead_bytes_max: usize,
 }
 
 impl Default for ManagedLedgerConfig {
@@ -80,6 +86,8 @@ impl Default for ManagedLedgerConfig {
             message_ttl_seconds: 0,
             ttl_check_interval_ms: 5 * 60 * 1000,
             metrics: MlMetrics::default(),
+            read_ahead_entries: 100,
+            read_ahead_bytes_max: 4 << 20,
         }
     }
 }
@@ -183,6 +191,9 @@ pub(super) struct CursorSlot {
     /// Snapshots this owner wrote durably (cursor ledger entries acked,
     /// including the one written on open).
     pub(super) snapshots_written: u64,
+    /// Consecutive entries read ahead of `read_after` (bounded by the
+    /// config's read-ahead limits), served before reading again.
+    pub(super) read_ahead: VecDeque<Entry>,
 }
 
 pub(super) struct Core {
@@ -478,6 +489,7 @@ impl Shared {
                     miss_end += 1;
                 }
                 let n = self.read_bookies(ledger_id, e, miss_end).await?;
+                add(&self.config.metrics.bookie_reads, 1);
                 add(
                     &self.config.metrics.cache_misses,
                     u64::try_from(n.len()).unwrap_or(u64::MAX),
@@ -934,6 +946,7 @@ impl ManagedLedger {
                 read_after,
                 io: None,
                 snapshots_written: 0,
+                read_ahead: VecDeque::new(),
             },
         );
         ManagedCursor {
@@ -1333,17 +1346,48 @@ impl ManagedCursor {
     }
 
     /// Reads up to `count_max` entries after the read position, skipping
-    /// acknowledged ones, and moves the read position past them.
+    /// acknowledged ones, and moves the read position past them. Entries
+    /// not in the cache are read with read-ahead: up to the config's
+    /// `read_ahead_entries` at once, the surplus kept (bounded) for the next
+    /// calls instead of entering the shared cache.
     pub async fn read_next(&self, count_max: usize) -> Result<Vec<Entry>, MlError> {
-        let from = self.with(|s, l| {
+        let (from, buffered) = self.with(|s, l| {
             // Acks may have moved the mark-delete past what was read.
             s.read_after = s.read_after.max(s.cursor.mark_delete());
-            l.next_valid_position(s.read_after)
+            let from = l.next_valid_position(s.read_after);
+            // Drop read-ahead the cursor has moved past (acks); anything
+            // else not starting at `from` is stale.
+            while from.is_some_and(|f| s.read_ahead.front().is_some_and(|e| e.position < f)) {
+                s.read_ahead.pop_front();
+            }
+            if s.read_ahead.front().map(|e| e.position) != from {
+                s.read_ahead.clear();
+            }
+            let n = count_max.min(s.read_ahead.len());
+            (from, s.read_ahead.drain(..n).collect::<Vec<_>>())
         })?;
         let Some(from) = from else {
             return Ok(Vec::new());
         };
-        let entries = self.shared.read(from, count_max).await?;
+        let entries = if buffered.is_empty() {
+            let ahead = self.shared.config.read_ahead_entries.max(count_max);
+            let mut entries = self.shared.read(from, ahead).await?;
+            let rest = entries.split_off(count_max.min(entries.len()));
+            let bytes_max = self.shared.config.read_ahead_bytes_max;
+            self.with(|s, _| {
+                let mut bytes = 0;
+                s.read_ahead = rest
+                    .into_iter()
+                    .take_while(|e| {
+                        bytes += e.payload.len();
+                        bytes <= bytes_max
+                    })
+                    .collect();
+            })?;
+            entries
+        } else {
+            buffered
+        };
         let out = self.with(|s, _| {
             if let Some(last) = entries.last() {
                 s.read_after = s.read_after.max(last.position);
@@ -1394,6 +1438,7 @@ impl ManagedCursor {
             };
             s.cursor.reset_to(to, l).map(|()| {
                 s.read_after = s.cursor.mark_delete();
+                s.read_ahead.clear();
             })
         })?
         .map_err(MlError::Cursor)?;

@@ -24,7 +24,8 @@
 //!
 //! Not yet: a ledger write error other than `Fenced` makes the handle
 //! terminal (no close-and-resend on a new ledger; the broker reloads the
-//! topic); catch-up reads bypass the cache but have no read-ahead.
+//! topic). Catch-up reads bypass the shared cache and read ahead into a
+//! bounded per-cursor buffer.
 
 pub mod cache;
 mod cursor_io;
