@@ -16,11 +16,13 @@
 
 pub mod cursor;
 pub mod ledger_list;
+pub mod metrics;
 pub mod position;
 pub mod publish_time;
 pub mod range_set;
 pub mod rollover;
 pub mod trim;
+pub mod ttl;
 
 pub mod io;
 
@@ -29,6 +31,7 @@ pub use cursor::{
     newest_snapshot, ttl_cutoff_ms,
 };
 pub use ledger_list::{LedgerList, LedgerListError, LedgerMeta};
+pub use metrics::{MlMetrics, MlMetricsSnapshot};
 pub use position::Position;
 pub use publish_time::{PublishTimeSearch, SearchError, SearchResult, SearchStep};
 pub use range_set::{PersistedRanges, RangeSet};

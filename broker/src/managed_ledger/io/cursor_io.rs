@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::managed_ledger::{CursorSlot, MlError, Shared, is_fenced, now_ms};
 use crate::managed_ledger::cursor::Snapshot;
+use crate::managed_ledger::metrics::add;
 use crate::managed_ledger::{Cursor, InitialPosition, newest_snapshot, proto};
 
 /// The cursor's own ledger, as written by this owner.
@@ -173,6 +174,11 @@ pub(super) async fn open_durable(
         let _ = shared.client.delete_ledger(handle.ledger_id()).await;
         return Err(ledger_err(shared, e));
     }
+    add(&shared.config.metrics.cursor_persists, 1);
+    add(
+        &shared.config.metrics.cursor_persist_bytes,
+        u64::try_from(snap.snapshot.encoded_len()).unwrap_or(u64::MAX),
+    );
     let mut cl = CursorLedger {
         ledger_id: handle.ledger_id(),
         handle: Some(handle),
@@ -199,6 +205,8 @@ pub(super) async fn open_durable(
             durable: true,
             read_after,
             io: Some(Arc::new(tokio::sync::Mutex::new(cl))),
+            snapshots_written: 1,
+            read_ahead: std::collections::VecDeque::new(),
         },
     );
     Ok(())
@@ -254,10 +262,26 @@ pub(super) async fn persist(shared: &Shared, name: &str, force: bool) -> Result<
             None => Ok(()),
         }
     };
-    if r.is_err()
-        && let Some(slot) = shared.core().cursors.get_mut(name)
-    {
-        slot.cursor.persist_failed();
+    let m = &shared.config.metrics;
+    if r.is_ok() {
+        add(&m.cursor_persists, 1);
+        add(
+            &m.cursor_persist_bytes,
+            u64::try_from(snap.snapshot.encoded_len()).unwrap_or(u64::MAX),
+        );
+        if snap.ranges_dropped > 0 {
+            add(&m.snapshots_with_dropped_ranges, 1);
+            add(&m.acks_not_persisted, snap.entries_dropped);
+        }
+    } else {
+        add(&m.cursor_persist_failures, 1);
+    }
+    if let Some(slot) = shared.core().cursors.get_mut(name) {
+        if r.is_ok() {
+            slot.snapshots_written += 1;
+        } else {
+            slot.cursor.persist_failed();
+        }
     }
     r
 }

@@ -25,10 +25,12 @@ use tracing::{info, warn};
 
 use super::cache::EntryCache;
 use super::cursor_io::{self, CursorLedger};
+use crate::managed_ledger::metrics::add;
 use crate::managed_ledger::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
-    LedgerList, LedgerListError, Position, PublishTimeSearch, RetentionPolicy, RolloverDecision,
-    RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers, proto,
+    LedgerList, LedgerListError, MlMetrics, Position, PublishTimeSearch, RetentionPolicy,
+    RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers,
+    proto, ttl, ttl_cutoff_ms,
 };
 
 /// Settings of one managed ledger (broker defaults, overridable per namespace).
@@ -52,6 +54,21 @@ pub struct ManagedLedgerConfig {
     pub retention: RetentionPolicy,
     /// Appends submitted and not yet completed, at most (appends wait beyond).
     pub pending_appends_max: usize,
+    /// Message TTL in seconds (namespace policy; 0 = none): `tick` moves the
+    /// mark-delete of every durable cursor past entries older than this (see
+    /// [`crate::managed_ledger::ttl`] for how age is known).
+    pub message_ttl_seconds: u64,
+    /// `tick` checks the TTL at most once per this many ms (Pulsar:
+    /// `messageExpiryCheckIntervalInMinutes=5`).
+    pub ttl_check_interval_ms: u64,
+    /// Where this managed ledger counts (share one set per broker).
+    pub metrics: MlMetrics,
+    /// A cursor reading behind the cache (catch-up) reads up to this many
+    /// entries at once and keeps those beyond what was asked for its next
+    /// reads (0 = no read-ahead; Pulsar: `dispatcherMaxReadBatchSize=100`).
+    pub read_ahead_entries: usize,
+    /// Payload bytes one cursor keeps read ahead, at most.
+    pub read_ahead_bytes_max: usize,
 }
 
 impl Default for ManagedLedgerConfig {
@@ -66,6 +83,11 @@ impl Default for ManagedLedgerConfig {
             cursor_ledger_rollover: CursorLedgerRollover::default(),
             retention: RetentionPolicy::default(),
             pending_appends_max: 10_000,
+            message_ttl_seconds: 0,
+            ttl_check_interval_ms: 5 * 60 * 1000,
+            metrics: MlMetrics::default(),
+            read_ahead_entries: 100,
+            read_ahead_bytes_max: 4 << 20,
         }
     }
 }
@@ -113,6 +135,10 @@ pub enum MlError {
     #[error(transparent)]
     Search(SearchError),
 }
+
+/// Reads an entry's publish time (ms since the Unix epoch) from its bytes;
+/// `None` if it cannot tell.
+pub type PublishTimeFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 
 /// One entry read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +188,12 @@ pub(super) struct CursorSlot {
     pub(super) read_after: Position,
     /// The cursor's own ledger (durable cursors only).
     pub(super) io: Option<Arc<tokio::sync::Mutex<CursorLedger>>>,
+    /// Snapshots this owner wrote durably (cursor ledger entries acked,
+    /// including the one written on open).
+    pub(super) snapshots_written: u64,
+    /// Consecutive entries read ahead of `read_after` (bounded by the
+    /// config's read-ahead limits), served before reading again.
+    pub(super) read_ahead: VecDeque<Entry>,
 }
 
 pub(super) struct Core {
@@ -206,6 +238,7 @@ enum Completion {
         pending: PendingAdd,
         payload: Bytes,
         reply: oneshot::Sender<Result<Position, MlError>>,
+        submitted: std::time::Instant,
     },
     Roll {
         old: WriteHandle,
@@ -231,6 +264,10 @@ pub(super) struct Shared {
     writer: tokio::sync::Mutex<WriterState>,
     confirmed: watch::Sender<Position>,
     readers: Mutex<HashMap<u64, ReadHandle>>,
+    /// Publish time of an entry, for TTL (`None`: ledger close times).
+    publish_time: Mutex<Option<PublishTimeFn>>,
+    /// When `tick` last checked the TTL, ms.
+    ttl_checked_ms: Mutex<Option<u64>>,
 }
 
 /// An open managed ledger (cheap to clone; clones share it). Dropping every
@@ -432,6 +469,7 @@ impl Shared {
             while e <= last {
                 let pos = Position::new(ledger_id, e);
                 if let Some(payload) = self.cache.get(self.cache_id, pos) {
+                    add(&self.config.metrics.cache_hits, 1);
                     out.push(Entry {
                         position: pos,
                         payload,
@@ -450,7 +488,13 @@ impl Shared {
                 {
                     miss_end += 1;
                 }
-                out.extend(self.read_bookies(ledger_id, e, miss_end).await?);
+                let n = self.read_bookies(ledger_id, e, miss_end).await?;
+                add(&self.config.metrics.bookie_reads, 1);
+                add(
+                    &self.config.metrics.cache_misses,
+                    u64::try_from(n.len()).unwrap_or(u64::MAX),
+                );
+                out.extend(n);
                 e = miss_end + 1;
             }
         }
@@ -468,8 +512,20 @@ impl Shared {
                     pending,
                     payload,
                     reply,
+                    submitted,
                 } => {
+                    let len = u64::try_from(payload.len()).unwrap_or(u64::MAX);
                     let r = shared.complete_add(ledger_id, pending, payload).await;
+                    let m = &shared.config.metrics;
+                    if r.is_ok() {
+                        add(&m.appends, 1);
+                        add(&m.append_bytes, len);
+                        m.append_latency.record_us(
+                            u64::try_from(submitted.elapsed().as_micros()).unwrap_or(u64::MAX),
+                        );
+                    } else {
+                        add(&m.append_failures, 1);
+                    }
                     let _ = reply.send(r);
                 }
                 Completion::Roll {
@@ -664,6 +720,8 @@ impl ManagedLedger {
             }),
             confirmed: watch::channel(last).0,
             readers: Mutex::new(HashMap::new()),
+            publish_time: Mutex::new(None),
+            ttl_checked_ms: Mutex::new(None),
         });
         // The first ledger of this owner: in the list before its first write.
         let handle = shared.create_ledger().await?;
@@ -764,6 +822,7 @@ impl ManagedLedger {
             pending,
             payload,
             reply,
+            submitted: std::time::Instant::now(),
         };
         if w.tx.send(item).await.is_err() {
             return Err(MlError::Closed(s.name.clone()));
@@ -812,6 +871,7 @@ impl ManagedLedger {
         w.ctime_ms = ctime;
         w.entries = 0;
         w.size_bytes = 0;
+        add(&s.config.metrics.rollovers, 1);
         w.tx.send(Completion::Roll {
             old,
             new_ledger_id: w.ledger_id,
@@ -885,6 +945,8 @@ impl ManagedLedger {
                 durable: false,
                 read_after,
                 io: None,
+                snapshots_written: 0,
+                read_ahead: VecDeque::new(),
             },
         );
         ManagedCursor {
@@ -902,11 +964,121 @@ impl ManagedLedger {
         Ok(())
     }
 
-    /// The owner's periodic work (call every second or so): persists the
-    /// cursors whose snapshot is due, then trims.
+    /// The owner's periodic work (call every second or so): rolls the
+    /// current ledger if the rollover policy says so even without appends
+    /// (age), expires entries older than the message TTL when a check is
+    /// due, persists the cursors whose snapshot is due, then trims.
     pub async fn tick(&self) -> Result<Vec<u64>, MlError> {
+        self.roll_if_due().await?;
+        let ttl = self.shared.config.message_ttl_seconds;
+        if ttl > 0 {
+            let now = now_ms();
+            let due = {
+                let mut last = lock(&self.shared.ttl_checked_ms);
+                let due = last.is_none_or(|t| {
+                    now.saturating_sub(t) >= self.shared.config.ttl_check_interval_ms
+                });
+                if due {
+                    *last = Some(now);
+                }
+                due
+            };
+            if due {
+                self.expire_messages(ttl).await?;
+            }
+        }
         self.persist_due_cursors().await?;
         self.trim().await
+    }
+
+    /// Rolls the current ledger now if the rollover policy says so (an idle
+    /// ledger past its maximum age is rolled without waiting for an append).
+    pub async fn roll_if_due(&self) -> Result<(), MlError> {
+        let s = &self.shared;
+        let mut w = s.writer.lock().await;
+        if let Some(t) = s.terminal() {
+            return Err(t);
+        }
+        if w.handle.is_none() {
+            return Ok(());
+        }
+        let decision = s
+            .config
+            .rollover
+            .decide(w.entries, w.size_bytes, w.ctime_ms, now_ms());
+        if let RolloverDecision::Roll(reason) = decision {
+            info!(managed_ledger = %s.name, ledger = w.ledger_id, ?reason, "rolling over (tick)");
+            self.roll(&mut w).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the function reading an entry's publish time, used by TTL expiry
+    /// (without one, whole ledgers closed before the cutoff expire).
+    pub fn set_publish_time_fn(&self, f: PublishTimeFn) {
+        *lock(&self.shared.publish_time) = Some(f);
+    }
+
+    /// Expires entries older than `ttl_seconds` (0: none) on every durable
+    /// cursor by moving its mark-delete (never deleting anything); an entry
+    /// whose publish time cannot be read counts as new. Returns the cursors
+    /// moved.
+    pub async fn expire_messages(&self, ttl_seconds: u64) -> Result<Vec<String>, MlError> {
+        let s = &self.shared;
+        if let Some(t) = s.terminal() {
+            return Err(t);
+        }
+        let Some(cutoff) = ttl_cutoff_ms(now_ms(), ttl_seconds) else {
+            return Ok(Vec::new());
+        };
+        let f = lock(&s.publish_time).clone();
+        let target = match f {
+            None => ttl::target_by_close_time(&s.core().list, cutoff),
+            Some(f) => {
+                let list = s.core().list.clone();
+                let mut search = PublishTimeSearch::new(&list, cutoff);
+                let mut step = search.step();
+                let result = loop {
+                    match step {
+                        SearchStep::Read(p) => {
+                            let e = s.read(p, 1).await?;
+                            let entry = e
+                                .into_iter()
+                                .find(|e| e.position == p)
+                                .ok_or(MlError::NotReadable(p))?;
+                            let t = f(&entry.payload).unwrap_or(u64::MAX);
+                            step = search.feed(p, t).map_err(MlError::Search)?;
+                        }
+                        SearchStep::Done(r) => break r,
+                    }
+                };
+                ttl::target_from_search(&list, result)
+            }
+        };
+        let Some(target) = target else {
+            return Ok(Vec::new());
+        };
+        let moved: Vec<String> = {
+            let mut c = s.core();
+            let c = &mut *c;
+            let mut moved = Vec::new();
+            for (name, slot) in c.cursors.iter_mut().filter(|(_, x)| x.durable) {
+                match slot.cursor.expire_up_to(target, &c.list) {
+                    Ok(true) => moved.push(name.clone()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(managed_ledger = %s.name, cursor = %name, error = %e, "TTL expiry refused")
+                    }
+                }
+            }
+            moved
+        };
+        for name in &moved {
+            add(&s.config.metrics.ttl_expiries, 1);
+            info!(managed_ledger = %s.name, cursor = %name, up_to = %target, ttl_seconds, "entries expired by TTL");
+            cursor_io::persist(s, name, false).await?;
+        }
+        Ok(moved)
     }
 
     /// Deletes the ledgers trimming allows now (behind the slowest durable
@@ -948,6 +1120,10 @@ impl ManagedLedger {
                 }
             }
         }
+        add(
+            &s.config.metrics.ledgers_trimmed,
+            u64::try_from(ids.len()).unwrap_or(u64::MAX),
+        );
         info!(managed_ledger = %s.name, ledgers = ?ids, "trimmed");
         Ok(ids)
     }
@@ -994,9 +1170,22 @@ impl ManagedLedger {
             }
             delete_node_quietly(&*s.store, &join(&s.path, &n)).await?;
         }
-        // Cursor nodes of cursors never opened here.
+        // Cursor nodes (and their ledgers) of cursors never opened here.
         for n in s.store.children(&s.path).await.map_err(MlError::Metadata)? {
-            delete_node_quietly(&*s.store, &join(&s.path, &n)).await?;
+            let node = join(&s.path, &n);
+            match s.store.get(&node).await {
+                Ok((data, _)) => {
+                    if let Some(id) = proto::CursorInfo::decode(data.as_slice())
+                        .ok()
+                        .and_then(|i| u64::try_from(i.cursor_ledger_id).ok())
+                    {
+                        delete_ledger_quietly(&s.client, id).await;
+                    }
+                }
+                Err(MetadataError::NoNode(_)) => {}
+                Err(e) => return Err(MlError::Metadata(e)),
+            }
+            delete_node_quietly(&*s.store, &node).await?;
         }
         let ids: Vec<u64> = {
             let c = s.core();
@@ -1143,18 +1332,62 @@ impl ManagedCursor {
         self.with(|s, _| s.read_after)
     }
 
+    /// The individually acknowledged ranges after the mark-delete (inclusive
+    /// `(first, last)` pairs, ascending).
+    pub fn acked_ranges(&self) -> Result<Vec<(Position, Position)>, MlError> {
+        self.with(|s, _| s.cursor.acked_ranges().iter().collect())
+    }
+
+    /// Snapshots of this cursor written durably by this owner so far (the
+    /// one written on open included). When it grows across a call, every
+    /// acknowledgement made before that call is persisted.
+    pub fn snapshots_written(&self) -> Result<u64, MlError> {
+        self.with(|s, _| s.snapshots_written)
+    }
+
     /// Reads up to `count_max` entries after the read position, skipping
-    /// acknowledged ones, and moves the read position past them.
+    /// acknowledged ones, and moves the read position past them. Entries
+    /// not in the cache are read with read-ahead: up to the config's
+    /// `read_ahead_entries` at once, the surplus kept (bounded) for the next
+    /// calls instead of entering the shared cache.
     pub async fn read_next(&self, count_max: usize) -> Result<Vec<Entry>, MlError> {
-        let from = self.with(|s, l| {
+        let (from, buffered) = self.with(|s, l| {
             // Acks may have moved the mark-delete past what was read.
             s.read_after = s.read_after.max(s.cursor.mark_delete());
-            l.next_valid_position(s.read_after)
+            let from = l.next_valid_position(s.read_after);
+            // Drop read-ahead the cursor has moved past (acks); anything
+            // else not starting at `from` is stale.
+            while from.is_some_and(|f| s.read_ahead.front().is_some_and(|e| e.position < f)) {
+                s.read_ahead.pop_front();
+            }
+            if s.read_ahead.front().map(|e| e.position) != from {
+                s.read_ahead.clear();
+            }
+            let n = count_max.min(s.read_ahead.len());
+            (from, s.read_ahead.drain(..n).collect::<Vec<_>>())
         })?;
         let Some(from) = from else {
             return Ok(Vec::new());
         };
-        let entries = self.shared.read(from, count_max).await?;
+        let entries = if buffered.is_empty() {
+            let ahead = self.shared.config.read_ahead_entries.max(count_max);
+            let mut entries = self.shared.read(from, ahead).await?;
+            let rest = entries.split_off(count_max.min(entries.len()));
+            let bytes_max = self.shared.config.read_ahead_bytes_max;
+            self.with(|s, _| {
+                let mut bytes = 0;
+                s.read_ahead = rest
+                    .into_iter()
+                    .take_while(|e| {
+                        bytes += e.payload.len();
+                        bytes <= bytes_max
+                    })
+                    .collect();
+            })?;
+            entries
+        } else {
+            buffered
+        };
         let out = self.with(|s, _| {
             if let Some(last) = entries.last() {
                 s.read_after = s.read_after.max(last.position);
@@ -1205,6 +1438,7 @@ impl ManagedCursor {
             };
             s.cursor.reset_to(to, l).map(|()| {
                 s.read_after = s.cursor.mark_delete();
+                s.read_ahead.clear();
             })
         })?
         .map_err(MlError::Cursor)?;

@@ -19,14 +19,13 @@
 //!
 //! Decisions (rollover, persistence rate, trimming, publish-time search) stay
 //! in the core; this module only reads, writes and sequences. It starts no
-//! timer: the owner calls [`ManagedLedger::tick`] periodically (due cursor
-//! snapshots, trimming).
+//! timer: the owner calls [`ManagedLedger::tick`] periodically (idle
+//! rollover, TTL expiry, due cursor snapshots, trimming).
 //!
 //! Not yet: a ledger write error other than `Fenced` makes the handle
-//! terminal (no close-and-resend on a new ledger); rollover is decided on
-//! append only (an idle ledger past its age is rolled by the next append);
-//! catch-up reads have no read-ahead; TTL expiry is not driven; the
-//! dropped-ranges count is not exported as a metric.
+//! terminal (no close-and-resend on a new ledger; the broker reloads the
+//! topic). Catch-up reads bypass the shared cache and read ahead into a
+//! bounded per-cursor buffer.
 
 pub mod cache;
 mod cursor_io;
@@ -34,5 +33,5 @@ pub mod managed_ledger;
 
 pub use cache::EntryCache;
 pub use managed_ledger::{
-    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, SeekTarget,
+    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, PublishTimeFn, SeekTarget,
 };
