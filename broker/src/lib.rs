@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod consumers;
 pub mod http;
 pub mod managed_ledger;
 pub mod metrics;

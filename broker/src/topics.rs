@@ -400,7 +400,7 @@ async fn tick_loop(topics: Weak<Topics>, topic: Weak<Topic>, interval_ms: u64) {
         };
         tokio::select! {
             _ = interval.tick() => {}
-            _ = closing.wait_for(|c| *c) => return,
+            _ = crate::connection::wait_true(&mut closing) => return,
         }
         let (Some(t), Some(ts)) = (topic.upgrade(), topics.upgrade()) else {
             return;
