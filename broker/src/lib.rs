@@ -7,22 +7,27 @@
 //!   its async I/O layer over the ledger client);
 //! - [`config`] — `cms-broker serve` / `standalone` options;
 //! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
+//! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
+//!   subscriptions over a managed cursor;
 //! - [`producers`] — access modes and producer bounds of a topic (pure);
 //! - [`topics`] — loaded topics (one managed ledger each, loads coalesced);
-//! - [`service`], [`connection`] — the Pulsar protocol port: accept loop
-//!   with connection limits, one task per connection;
+//! - [`service`], [`connection`], [`consumers`], [`subscriptions`] — the
+//!   Pulsar protocol port: accept loop with connection limits, one task per
+//!   connection, consumer commands on the topic's subscriptions;
 //! - [`http`], [`metrics`] — `/health`, `/ready`, `/metrics`;
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
 pub mod config;
 pub mod connection;
 pub mod consumers;
+pub mod dispatch;
 pub mod http;
 pub mod managed_ledger;
 pub mod metrics;
 pub mod producers;
 pub mod service;
 pub mod standalone;
+pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
 pub mod topic_name;
