@@ -9,6 +9,8 @@ p.add_argument("--sub-type", default="Exclusive",
                choices=["Exclusive", "Shared", "Failover"])
 p.add_argument("--count", type=int, default=10)
 p.add_argument("--no-ack", action="store_true")
+p.add_argument("--drain", action="store_true",
+               help="receive until a receive times out (at most --count messages)")
 args = p.parse_args()
 
 client = common.client(args)
@@ -22,7 +24,12 @@ try:
     payloads = []
     redeliveries = []
     for _ in range(args.count):
-        m = consumer.receive(timeout_millis=args.timeout_ms)
+        try:
+            m = consumer.receive(timeout_millis=args.timeout_ms)
+        except pulsar.Timeout:
+            if args.drain:
+                break
+            raise
         payloads.append(m.data().decode(errors="replace"))
         redeliveries.append(m.redelivery_count())
         if not args.no_ack:
