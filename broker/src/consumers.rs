@@ -13,6 +13,8 @@
 //!   (an `ack_set`) never acknowledges the entry;
 //! - CLOSE_CONSUMER is idempotent (SUCCESS for unknown ids, G8); when the
 //!   topic is unloaded the consumer gets CLOSE_CONSUMER (G13);
+//! - after a successful SEEK the consumer gets CLOSE_CONSUMER and
+//!   subscribes again (Pulsar's behaviour, which the C++ client expects);
 //! - Exclusive / Failover / Shared; Key_Shared and seek by publish time
 //!   are refused with a clear ERROR.
 
@@ -246,7 +248,14 @@ pub(crate) async fn on_command(
                 },
             };
             match reply {
-                Ok(()) => conn.send(commands::success(c.request_id)).await,
+                Ok(()) => {
+                    conn.send(commands::success(c.request_id)).await;
+                    // As Pulsar does: the seeking consumer is disconnected
+                    // and subscribes again (pulsar-client-cpp drops what
+                    // arrives between the seek and its reconnection).
+                    remove_consumer(conn, c.consumer_id).await;
+                    conn.send(commands::close_consumer(c.consumer_id, 0)).await;
+                }
                 Err(r) => conn.send_error(c.request_id, r).await,
             }
         }

@@ -6,7 +6,10 @@
 
 use std::process::Command;
 
-use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, ROOT, run_python, start_bookies};
+use cms_tests::cluster::{
+    BOOKIE_TEST_CONFIG, BookieNode, BrokerNode, PYTHON_TIMEOUT_MS, ROOT, run_python,
+};
+use cms_tests::harness::process::ProcessBuilder;
 use cms_tests::harness::{bins, zookeeper::ZooKeeper};
 
 fn init_cluster(zk: &str) -> String {
@@ -26,6 +29,36 @@ fn init_cluster(zk: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A bookie as `BookieNode::start` makes it, with 16 MiB journal files.
+async fn start_bookie(id: &str, zk: &str) -> BookieNode {
+    let mut process = ProcessBuilder::new("cms-bookie")
+        .name(id)
+        .port("grpc")
+        .port("http")
+        .arg("serve")
+        .arg("--config={dir}/bookie.toml")
+        .file("bookie.toml", BOOKIE_TEST_CONFIG)
+        .arg(format!("--metadata-url=zk://{zk}"))
+        .arg("--metadata-session-timeout-ms=4000")
+        .arg(format!("--bookie-id={id}"))
+        .arg("--grpc-bind=127.0.0.1:{port:grpc}")
+        .arg("--http-bind=127.0.0.1:{port:http}")
+        .arg("--journal-dir={dir}/journal")
+        .arg("--ledger-dir={dir}/ledgers")
+        .arg("--journal-file-bytes=16777216")
+        .arg("--entry-log-bytes-max=16777216")
+        .arg("--write-cache-bytes-max=33554432")
+        .arg("--read-cache-bytes-max=16777216")
+        .arg("--reserved-bytes=1048576")
+        .spawn();
+    let http = process.addr("http");
+    process.wait_ready(http).await;
+    BookieNode {
+        process,
+        id: id.to_string(),
+    }
 }
 
 fn strs(v: &serde_json::Value, key: &str) -> Vec<String> {
@@ -48,7 +81,12 @@ async fn cluster_mode_serves_the_python_client() {
     let again = init_cluster(&zks);
     assert!(again.contains("nothing to do"), "{again}");
 
-    let _bookies = start_bookies(&zks, 3).await;
+    // Journal files larger than the largest entry (a 5 MiB message): the
+    // harness default of 4 MiB cannot hold one record of that size.
+    let mut bookies = Vec::new();
+    for i in 1..=3 {
+        bookies.push(start_bookie(&format!("b{i}"), &zks).await);
+    }
     let mut broker = BrokerNode::start_cluster("broker", &zks, &[]).await;
     let url = broker.service_url();
 
@@ -67,6 +105,17 @@ async fn cluster_mode_serves_the_python_client() {
     .await;
     assert!(run.ok, "round trip failed: {} / {}", run.json, run.stderr);
     assert_eq!(strs(&run.json, "received").len(), 30);
+    let run = run_python(
+        "features.py",
+        &["--url", &url, "--topic", "cfeat"],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(
+        run.ok,
+        "feature checks failed: {}\n{}",
+        run.json, run.stderr
+    );
 
     let run = run_python(
         "produce.py",

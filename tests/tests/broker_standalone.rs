@@ -184,3 +184,20 @@ async fn kill_9_keeps_acknowledged_messages() {
         (start..30).map(|i| format!("msg-{i}")).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_features_work_against_standalone() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let run = run_python(
+        "features.py",
+        &["--url", &url, "--topic", "feat"],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(
+        run.ok,
+        "feature checks failed: {}\n{}",
+        run.json, run.stderr
+    );
+}
