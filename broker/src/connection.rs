@@ -205,10 +205,13 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
         )),
     };
     let keep_alive = Duration::from_secs(state.config.keep_alive_interval_s);
-    let mut ticker = tokio::time::interval(keep_alive);
+    // Checked four times per interval so a PING goes out within a quarter
+    // interval of the threshold, and the close as well.
+    let mut ticker = tokio::time::interval((keep_alive / 4).max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut last_rx = Instant::now();
+    let mut pinged_at: Option<Instant> = None;
     let mut shutdown = state.shutdown_signal();
     let mut reserved: Option<OwnedSemaphorePermit> = None;
 
@@ -245,8 +248,11 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
                 if reading && idle >= keep_alive * 2 {
                     break CloseReason::Idle;
                 }
-                if conn.connected && idle >= keep_alive {
+                // One PING per silent period.
+                let pinged_since_rx = pinged_at.is_some_and(|p| p >= last_rx);
+                if conn.connected && idle >= keep_alive && !pinged_since_rx {
                     let _ = conn.out.try_send(Frame::Command(commands::ping()));
+                    pinged_at = Some(Instant::now());
                 }
             }
         }

@@ -475,3 +475,88 @@ pub async fn run_python(script: &str, args: &[&str], timeout_ms: u64) -> PythonR
         stderr: String::from_utf8_lossy(&out.stderr).to_string(),
     }
 }
+
+/// A bare Pulsar protocol connection for protocol tests: frames in, frames
+/// out, every wait bounded by [`RAW_ANSWER_TIMEOUT_MS`].
+#[derive(Debug)]
+pub struct RawPulsarClient {
+    /// The framed socket.
+    pub framed: tokio_util::codec::Framed<tokio::net::TcpStream, cms_client::proto::PulsarCodec>,
+}
+
+/// Bound on each expected answer or close of a [`RawPulsarClient`], in milliseconds.
+pub const RAW_ANSWER_TIMEOUT_MS: u64 = 5_000;
+
+impl RawPulsarClient {
+    /// Opens a TCP connection (no handshake).
+    pub async fn open(addr: SocketAddr) -> RawPulsarClient {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+        RawPulsarClient {
+            framed: tokio_util::codec::Framed::new(
+                stream,
+                cms_client::proto::PulsarCodec::default(),
+            ),
+        }
+    }
+
+    /// Opens a connection and completes CONNECT / CONNECTED.
+    pub async fn connected(addr: SocketAddr) -> RawPulsarClient {
+        use cms_client::proto::pulsar::base_command::Type;
+        let mut c = Self::open(addr).await;
+        c.send(cms_client::proto::commands::connect("raw-test", 20))
+            .await;
+        let got = c.recv().await.unwrap_or_else(|| panic!("no CONNECTED"));
+        assert_eq!(got.r#type, Type::Connected as i32, "{got:?}");
+        c
+    }
+
+    /// Sends a simple command.
+    pub async fn send(&mut self, cmd: cms_client::proto::pulsar::BaseCommand) {
+        use futures::SinkExt;
+        self.framed
+            .send(cms_client::proto::Frame::Command(cmd))
+            .await
+            .unwrap_or_else(|e| panic!("sending: {e}"));
+    }
+
+    /// The next command, or None if the broker closed the connection.
+    ///
+    /// # Panics
+    /// If nothing arrives within [`RAW_ANSWER_TIMEOUT_MS`].
+    pub async fn recv(&mut self) -> Option<cms_client::proto::pulsar::BaseCommand> {
+        self.recv_within(RAW_ANSWER_TIMEOUT_MS)
+            .await
+            .unwrap_or_else(|| panic!("no answer and no close within {RAW_ANSWER_TIMEOUT_MS} ms"))
+    }
+
+    /// Like [`Self::recv`] with its own bound: `None` on timeout,
+    /// `Some(None)` when closed.
+    pub async fn recv_within(
+        &mut self,
+        timeout_ms: u64,
+    ) -> Option<Option<cms_client::proto::pulsar::BaseCommand>> {
+        use futures::StreamExt;
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(timeout_ms),
+            self.framed.next(),
+        )
+        .await
+        {
+            Ok(Some(Ok(f))) => Some(Some(f.command().clone())),
+            Ok(Some(Err(_))) | Ok(None) => Some(None),
+            Err(_) => None,
+        }
+    }
+
+    /// Asserts the broker closes the connection (skipping a few answers).
+    pub async fn expect_closed(&mut self, what: &str) {
+        for _ in 0..4 {
+            if self.recv().await.is_none() {
+                return;
+            }
+        }
+        panic!("{what}: the broker kept the connection open");
+    }
+}

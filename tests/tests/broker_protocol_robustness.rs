@@ -11,63 +11,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cms_client::proto::commands;
-use cms_client::proto::frame::{ChecksumState, Frame, PayloadFrame, PulsarCodec, entry_from_parts};
+use cms_client::proto::frame::{ChecksumState, Frame, PayloadFrame, entry_from_parts};
 use cms_client::proto::pulsar::{BaseCommand, MessageMetadata, base_command::Type};
-use cms_tests::cluster::BrokerNode;
-use futures::{SinkExt, StreamExt};
+use cms_tests::cluster::{BrokerNode, RAW_ANSWER_TIMEOUT_MS, RawPulsarClient};
+use futures::SinkExt;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::codec::Framed;
 
-/// Bound on each expected answer or close, in milliseconds.
-const ANSWER_TIMEOUT_MS: u64 = 5_000;
-
-struct RawClient {
-    framed: Framed<TcpStream, PulsarCodec>,
-}
-
-impl RawClient {
-    async fn open(addr: SocketAddr) -> RawClient {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        RawClient {
-            framed: Framed::new(stream, PulsarCodec::default()),
-        }
-    }
-
-    async fn connected(addr: SocketAddr) -> RawClient {
-        let mut c = Self::open(addr).await;
-        c.send(commands::connect("raw-test", 20)).await;
-        let got = c.recv().await.expect("CONNECTED");
-        assert_eq!(got.r#type, Type::Connected as i32, "{got:?}");
-        c
-    }
-
-    async fn send(&mut self, cmd: BaseCommand) {
-        self.framed.send(Frame::Command(cmd)).await.expect("send");
-    }
-
-    /// The next command, or None if the broker closed the connection.
-    async fn recv(&mut self) -> Option<BaseCommand> {
-        match tokio::time::timeout(Duration::from_millis(ANSWER_TIMEOUT_MS), self.framed.next())
-            .await
-        {
-            Ok(Some(Ok(f))) => Some(f.command().clone()),
-            Ok(Some(Err(_))) | Ok(None) => None,
-            Err(_) => panic!("no answer and no close within {ANSWER_TIMEOUT_MS} ms"),
-        }
-    }
-
-    /// Asserts the broker closes the connection (answers are skipped).
-    async fn expect_closed(&mut self, what: &str) {
-        for _ in 0..4 {
-            if self.recv().await.is_none() {
-                return;
-            }
-        }
-        panic!("{what}: the broker kept the connection open");
-    }
-}
+const ANSWER_TIMEOUT_MS: u64 = RAW_ANSWER_TIMEOUT_MS;
+type RawClient = RawPulsarClient;
 
 /// Writes raw bytes on a fresh socket and asserts the broker closes it.
 async fn raw_bytes_close(addr: SocketAddr, bytes: &[u8], half_close: bool, what: &str) {
