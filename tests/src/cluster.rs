@@ -560,3 +560,51 @@ impl RawPulsarClient {
         panic!("{what}: the broker kept the connection open");
     }
 }
+
+/// Starts `tests/python/<script>` with `args` in the background, stdout and
+/// stderr piped (killed when dropped); read its progress from stdout and
+/// finish with [`finish_python`].
+pub fn spawn_python(script: &str, args: &[&str]) -> tokio::process::Child {
+    let path = repo_root().join("tests/python").join(script);
+    tokio::process::Command::new(python())
+        .arg(&path)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", path.display()))
+}
+
+/// Waits (at most `timeout_ms`, then panics) for a script started by
+/// [`spawn_python`] whose stdout the caller may have partly read with `lines`.
+pub async fn finish_python(
+    mut child: tokio::process::Child,
+    mut lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    timeout_ms: u64,
+) -> PythonRun {
+    use tokio::io::AsyncReadExt;
+    let mut stderr = child.stderr.take();
+    let work = async {
+        let mut json = serde_json::Value::Null;
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.trim_start().starts_with('{') {
+                json = serde_json::from_str(&line).unwrap_or(serde_json::Value::Null);
+            }
+        }
+        let mut err = String::new();
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.read_to_string(&mut err).await;
+        }
+        let ok = child.wait().await.map(|s| s.success()).unwrap_or(false);
+        PythonRun {
+            ok,
+            json,
+            stderr: err,
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_millis(timeout_ms), work)
+        .await
+        .unwrap_or_else(|_| panic!("python script did not finish within {timeout_ms} ms"))
+}

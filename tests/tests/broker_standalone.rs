@@ -201,3 +201,71 @@ async fn python_client_features_work_against_standalone() {
         run.json, run.stderr
     );
 }
+
+/// A producer and a consumer of the official client keep running while the
+/// broker is killed (-9) and restarted under them: every acknowledged send
+/// is received (at least once), nothing unknown is received, and the
+/// clients reconnect on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_ride_through_a_kill_9_without_losing_acknowledged_messages() {
+    use tokio::io::AsyncBufReadExt;
+    let mut broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let mut child = cms_tests::cluster::spawn_python(
+        "produce_consume_through_restart.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            "through-kill",
+            "--count",
+            "400",
+            "--interval-ms",
+            "5",
+        ],
+    );
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // Kill once the clients are well under way.
+    let progressed = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line == "progress 100" {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(progressed, Ok(true), "the clients did not get going");
+    broker.kill_and_restart().await;
+    let run = cms_tests::cluster::finish_python(child, lines, 60_000).await;
+    assert!(
+        run.ok,
+        "script failed: {}\n{}",
+        run.json,
+        run.stderr.chars().rev().take(3000).collect::<String>()
+    );
+    let acked = strs(&run.json, "acked");
+    let failed = strs(&run.json, "failed");
+    let received = strs(&run.json, "received");
+    assert_eq!(run.json["producer_done"], true);
+    eprintln!(
+        "through kill -9: {} acked, {} failed, {} received",
+        acked.len(),
+        failed.len(),
+        received.len()
+    );
+    assert!(acked.len() >= 100, "acked {}", acked.len());
+    let got: std::collections::HashSet<&String> = received.iter().collect();
+    let lost: Vec<&String> = acked.iter().filter(|a| !got.contains(a)).collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged sends never received: {lost:?}"
+    );
+    let known: std::collections::HashSet<&String> = acked.iter().chain(failed.iter()).collect();
+    let phantoms: Vec<&String> = received.iter().filter(|r| !known.contains(r)).collect();
+    assert!(
+        phantoms.is_empty(),
+        "received messages never sent: {phantoms:?}"
+    );
+}
