@@ -432,6 +432,8 @@ pub fn python() -> std::path::PathBuf {
 pub struct PythonRun {
     /// Exit success.
     pub ok: bool,
+    /// How it exited (code or signal), for failure messages.
+    pub status: String,
     /// The JSON object on its last stdout line (Null if none).
     pub json: serde_json::Value,
     /// Its stderr (the C++ client's log).
@@ -471,6 +473,7 @@ pub async fn run_python(script: &str, args: &[&str], timeout_ms: u64) -> PythonR
         .unwrap_or(serde_json::Value::Null);
     PythonRun {
         ok: out.status.success(),
+        status: out.status.to_string(),
         json,
         stderr: String::from_utf8_lossy(&out.stderr).to_string(),
     }
@@ -597,9 +600,13 @@ pub async fn finish_python(
         if let Some(s) = stderr.as_mut() {
             let _ = s.read_to_string(&mut err).await;
         }
-        let ok = child.wait().await.map(|s| s.success()).unwrap_or(false);
+        let (ok, status) = match child.wait().await {
+            Ok(s) => (s.success(), s.to_string()),
+            Err(e) => (false, e.to_string()),
+        };
         PythonRun {
             ok,
+            status,
             json,
             stderr: err,
         }

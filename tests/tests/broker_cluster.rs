@@ -113,8 +113,8 @@ async fn cluster_mode_serves_the_python_client() {
     .await;
     assert!(
         run.ok,
-        "feature checks failed: {}\n{}",
-        run.json, run.stderr
+        "feature checks failed ({}): {}\n{}",
+        run.status, run.json, run.stderr
     );
 
     let run = run_python(
