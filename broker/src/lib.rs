@@ -2,11 +2,33 @@
 //! and quotas, the Pulsar protocol service, the admin REST API, metrics,
 //! ownership and standalone mode.
 //!
-//! Built so far: managed ledgers and cursors ([`managed_ledger`]): the pure
-//! core (positions, range sets, the cursor state machine, the ledger list,
-//! rollover, trimming and publish-time search, with their metadata records) and
-//! its async I/O layer over the ledger client ([`managed_ledger::io`]). The
-//! Pulsar protocol, dispatch and the rest are not built yet: the binary says so
-//! and exits non-zero.
+//! Map:
+//! - [`managed_ledger`] — topics as ledger lists and cursors (pure core and
+//!   its async I/O layer over the ledger client);
+//! - [`config`] — `cms-broker serve` / `standalone` options;
+//! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
+//! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
+//!   subscriptions over a managed cursor;
+//! - [`producers`] — access modes and producer bounds of a topic (pure);
+//! - [`topics`] — loaded topics (one managed ledger each, loads coalesced);
+//! - [`service`], [`connection`], [`consumers`], [`subscriptions`] — the
+//!   Pulsar protocol port: accept loop with connection limits, one task per
+//!   connection, consumer commands on the topic's subscriptions;
+//! - [`http`], [`metrics`] — `/health`, `/ready`, `/metrics`;
+//! - [`standalone`] — embedded store + in-process bookie + broker.
 
+pub mod config;
+pub mod connection;
+pub mod consumers;
+pub mod dispatch;
+pub mod http;
 pub mod managed_ledger;
+pub mod metrics;
+pub mod producers;
+pub mod service;
+pub mod standalone;
+pub mod subscription;
+pub mod subscriptions;
+pub mod tenancy;
+pub mod topic_name;
+pub mod topics;

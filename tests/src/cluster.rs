@@ -285,3 +285,193 @@ pub async fn replica_mismatches(
     }
     out
 }
+
+// ---------------------------------------------------------------- brokers
+
+/// One `cms-broker` process: `standalone` (embedded store + in-process
+/// bookie under its directory) or `serve` (against ZooKeeper and bookies).
+#[derive(Debug)]
+pub struct BrokerNode {
+    /// The process (restart, kill, pause, log).
+    pub process: Process,
+}
+
+impl BrokerNode {
+    /// Builder of `cms-broker standalone` with its data under `{dir}/data`,
+    /// the Pulsar port `pulsar` and HTTP port `http` on loopback, the
+    /// read-only disk threshold near 1.0 (shared test disks); `extra` flags
+    /// are appended (later flags win).
+    pub fn standalone_builder(name: &str, extra: &[&str]) -> ProcessBuilder {
+        ProcessBuilder::new("cms-broker")
+            .name(name)
+            .port("pulsar")
+            .port("http")
+            .arg("standalone")
+            .arg("--data-dir={dir}/data")
+            .arg("--broker-bind=127.0.0.1:{port:pulsar}")
+            .arg("--http-bind=127.0.0.1:{port:http}")
+            .arg("--standalone-disk-usage-threshold=0.999")
+            .args(extra.iter().copied())
+    }
+
+    /// Starts a standalone broker and waits until `/ready` answers 200.
+    pub async fn start_standalone(extra: &[&str]) -> BrokerNode {
+        let mut process = Self::standalone_builder("standalone", extra).spawn();
+        let http = process.addr("http");
+        process.wait_ready(http).await;
+        BrokerNode { process }
+    }
+
+    /// Builder of `cms-broker serve` against ZooKeeper `zk` (`host:port`);
+    /// `extra` flags are appended.
+    pub fn cluster_builder(name: &str, zk: &str, extra: &[&str]) -> ProcessBuilder {
+        ProcessBuilder::new("cms-broker")
+            .name(name)
+            .port("pulsar")
+            .port("http")
+            .arg("serve")
+            .arg(format!("--metadata-url=zk://{zk}"))
+            .arg("--metadata-session-timeout-ms=4000")
+            .arg("--broker-bind=127.0.0.1:{port:pulsar}")
+            .arg("--http-bind=127.0.0.1:{port:http}")
+            .args(extra.iter().copied())
+    }
+
+    /// Initialises the cluster (layout, `public/default`) in ZooKeeper `zk`,
+    /// starts a cluster-mode broker and waits until it is ready (the
+    /// bookies must be running: `/ready` needs a writable quorum).
+    pub async fn start_cluster(name: &str, zk: &str, extra: &[&str]) -> BrokerNode {
+        let store = init_store(zk).await;
+        let layout = Layout::new(ROOT).unwrap_or_else(|e| panic!("{e}"));
+        cms_broker::tenancy::init_cluster(&*store, &layout, "test")
+            .await
+            .unwrap_or_else(|e| panic!("broker init-cluster: {e}"));
+        store.close().await;
+        let mut process = Self::cluster_builder(name, zk, extra).spawn();
+        let http = process.addr("http");
+        process.wait_ready(http).await;
+        BrokerNode { process }
+    }
+
+    /// The Pulsar protocol address.
+    pub fn pulsar(&self) -> SocketAddr {
+        self.process.addr("pulsar")
+    }
+
+    /// The HTTP address.
+    pub fn http(&self) -> SocketAddr {
+        self.process.addr("http")
+    }
+
+    /// `pulsar://127.0.0.1:<port>`, the service URL clients are given.
+    pub fn service_url(&self) -> String {
+        format!("pulsar://{}", self.pulsar())
+    }
+
+    /// Waits until ready again (after a restart).
+    pub async fn wait_ready(&mut self) {
+        let http = self.http();
+        self.process.wait_ready(http).await;
+    }
+
+    /// Restarts (SIGTERM, start) and waits until ready.
+    pub async fn restart(&mut self) {
+        self.process.restart().await;
+        self.wait_ready().await;
+    }
+
+    /// SIGKILL, start again, wait until ready.
+    pub async fn kill_and_restart(&mut self) {
+        self.process.kill();
+        self.process.restart().await;
+        self.wait_ready().await;
+    }
+}
+
+/// Environment variable naming the Python interpreter that has `pulsar-client`.
+pub const PYTHON_ENV: &str = "CMS_TEST_PYTHON";
+
+/// Bound on one Python script run, in milliseconds, unless the caller says otherwise.
+pub const PYTHON_TIMEOUT_MS: u64 = 60_000;
+
+/// The repository root (the parent of the `tests` crate).
+pub fn repo_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| manifest.to_path_buf())
+}
+
+/// The Python interpreter with `pulsar-client`: `$CMS_TEST_PYTHON`, else
+/// `<repo>/.venv/bin/python`.
+///
+/// # Panics
+/// With the command that creates the venv when neither exists (never skips).
+pub fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os(PYTHON_ENV) {
+        let p = std::path::PathBuf::from(p);
+        if p.is_file() {
+            return p;
+        }
+        panic!("{PYTHON_ENV}={} does not exist", p.display());
+    }
+    let venv = repo_root().join(".venv/bin/python");
+    if venv.is_file() {
+        return venv;
+    }
+    panic!(
+        "no Python with pulsar-client: set {PYTHON_ENV} or create {} with \
+         `python3 -m venv .venv && .venv/bin/pip install 'pulsar-client==3.13.*'` at the repo root",
+        venv.display()
+    );
+}
+
+/// What a script of `tests/python/` printed and how it exited.
+#[derive(Debug, Clone)]
+pub struct PythonRun {
+    /// Exit success.
+    pub ok: bool,
+    /// The JSON object on its last stdout line (Null if none).
+    pub json: serde_json::Value,
+    /// Its stderr (the C++ client's log).
+    pub stderr: String,
+}
+
+/// Runs `tests/python/<script>` with `args`, at most `timeout_ms` (then it is
+/// killed and this panics).
+pub async fn run_python(script: &str, args: &[&str], timeout_ms: u64) -> PythonRun {
+    let path = repo_root().join("tests/python").join(script);
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(&path)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", path.display()));
+    let out = match tokio::time::timeout(
+        std::time::Duration::from_millis(timeout_ms),
+        child.wait_with_output(),
+    )
+    .await
+    {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("running {script}: {e}"),
+        Err(_) => panic!("{script} {args:?} did not finish within {timeout_ms} ms"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let json = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(serde_json::Value::Null);
+    PythonRun {
+        ok: out.status.success(),
+        json,
+        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+    }
+}

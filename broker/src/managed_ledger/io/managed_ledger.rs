@@ -1251,6 +1251,49 @@ impl ManagedCursor {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Additions for subscriptions and dispatch (issue 7, `crate::subscription`):
+// rewinding a cursor's read position and removing a cursor (unsubscribe,
+// closing a reader). Kept in this one block.
+// ---------------------------------------------------------------------------
+
+impl ManagedCursor {
+    /// Moves the read position back to the mark-delete, so every
+    /// unacknowledged entry is read again (acknowledged ones are skipped by
+    /// [`ManagedCursor::read_next`]). Acks are untouched.
+    pub fn rewind(&self) -> Result<(), MlError> {
+        self.with(|s, _| s.read_after = s.cursor.mark_delete())
+    }
+}
+
+impl ManagedLedger {
+    /// Removes cursor `name` from this managed ledger. A durable cursor is
+    /// deleted: its metadata node, then its cursor ledger (it no longer
+    /// holds data back from trimming, and is not restored on the next open).
+    /// A non-durable cursor is just dropped. Removing a cursor that does not
+    /// exist is not an error.
+    pub async fn delete_cursor(&self, name: &str) -> Result<(), MlError> {
+        let s = &self.shared;
+        let slot = s.core().cursors.remove(name);
+        let durable = slot.as_ref().is_none_or(|x| x.durable);
+        if !durable {
+            return Ok(());
+        }
+        // A snapshot write in flight finishes before the node goes.
+        let ledger = match slot.and_then(|x| x.io) {
+            Some(io) => Some(io.lock().await.ledger_id),
+            None => None,
+        };
+        delete_node_quietly(&*s.store, &join(&s.path, name)).await?;
+        if let Some(id) = ledger {
+            delete_ledger_quietly(&s.client, id).await;
+        }
+        s.evict_read();
+        info!(managed_ledger = %s.name, cursor = name, "cursor deleted");
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

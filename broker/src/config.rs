@@ -1,0 +1,379 @@
+//! Configuration of `cms-broker serve` and `cms-broker standalone`: one struct
+//! that is at once the clap flags (defaults and units in `--help`), the TOML
+//! keys and the `CMS_BROKER_*` environment keys (see `cms_common::config`).
+//!
+//! The same struct serves both modes so that one file and one environment
+//! work for either: `metadata_url` is used by `serve` only (standalone keeps
+//! its embedded store under `data_dir`), `data_dir` and the `standalone_*`
+//! keys by `standalone` only. Replication settings of 0 mean "the mode's
+//! default": E/Qw/Qa = 3/3/2 in a cluster, 1/1/1 standalone.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use cms_bookie::metadata::connect::MetadataUrl;
+use cms_bookie::metadata::zk::ZkOptions;
+
+/// Largest message payload accepted by default (Pulsar's 5 MiB).
+pub const MESSAGE_BYTES_MAX_DEFAULT: usize = 5 * 1024 * 1024;
+/// Room for the command and metadata around the largest message in a frame
+/// (Pulsar's `MESSAGE_SIZE_FRAME_PADDING`).
+pub const FRAME_PADDING_BYTES: usize = 10 * 1024;
+/// Largest `message_size_max` accepted: the bookie's entry limit (7 MiB)
+/// minus the padding.
+pub const MESSAGE_BYTES_MAX_LIMIT: usize = 7 * 1024 * 1024 - FRAME_PADDING_BYTES;
+
+/// Options of `cms-broker serve` and `cms-broker standalone`.
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Metadata store URL (`serve` only): `zk://host:port[,host:port...][/chroot]`.
+    #[arg(long, default_value = "zk://127.0.0.1:2181")]
+    pub metadata_url: String,
+    /// Root node of the CMS layout inside the store.
+    #[arg(long, default_value = "/cms")]
+    pub metadata_root: String,
+    /// ZooKeeper session timeout, in milliseconds.
+    #[arg(long, default_value_t = 6000)]
+    pub metadata_session_timeout_ms: u64,
+    /// Timeout of one metadata operation and of connecting, in milliseconds.
+    #[arg(long, default_value_t = 10000)]
+    pub metadata_operation_timeout_ms: u64,
+
+    /// Pulsar binary protocol listen address.
+    #[arg(long, default_value = "0.0.0.0:6650")]
+    pub broker_bind: String,
+    /// HTTP listen address (`/health`, `/ready`, `/metrics`, later `/admin/v2`).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub http_bind: String,
+    /// Host clients are told to connect to (LOOKUP answers); empty = the bind
+    /// host (127.0.0.1 for 0.0.0.0). Set it behind Docker or Kubernetes.
+    #[arg(long, default_value = "")]
+    pub advertised_address: String,
+
+    /// Ensemble size E of new ledgers; 0 = the mode's default (3 cluster, 1 standalone).
+    #[arg(long, default_value_t = 0)]
+    pub ensemble_size: usize,
+    /// Write quorum Qw; 0 = the mode's default (3 cluster, 1 standalone).
+    #[arg(long, default_value_t = 0)]
+    pub write_quorum: usize,
+    /// Ack quorum Qa; 0 = the mode's default (2 cluster, 1 standalone).
+    #[arg(long, default_value_t = 0)]
+    pub ack_quorum: usize,
+
+    /// Largest message (metadata + payload) accepted, in bytes; told to
+    /// clients in CONNECTED.
+    #[arg(long, default_value_t = MESSAGE_BYTES_MAX_DEFAULT)]
+    pub message_bytes_max: usize,
+    /// Publishes in flight (received, not yet receipted) per connection; the
+    /// connection stops reading beyond it.
+    #[arg(long, default_value_t = 1000)]
+    pub pending_publishes_per_connection_max: usize,
+    /// Producers on one topic.
+    #[arg(long, default_value_t = 1000)]
+    pub producers_per_topic_max: usize,
+    /// Consumers on one subscription.
+    #[arg(long, default_value_t = 1000)]
+    pub consumers_per_subscription_max: usize,
+    /// Open connections from one client IP address.
+    #[arg(long, default_value_t = 1000)]
+    pub connections_per_ip_max: usize,
+    /// Open connections in total.
+    #[arg(long, default_value_t = 20_000)]
+    pub connections_max: usize,
+    /// Producers plus consumers on one connection.
+    #[arg(long, default_value_t = 10_000)]
+    pub handles_per_connection_max: usize,
+    /// Keep-alive: the broker pings an idle connection after this long and
+    /// closes it if nothing arrived for twice this long, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub keep_alive_interval_s: u64,
+    /// Commands queued towards one connection's socket before the sender waits.
+    #[arg(long, default_value_t = 1000)]
+    pub outbound_queue_max: usize,
+    /// Create topics (and subscriptions) on first use.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_auto_topic_creation: bool,
+    /// Broker-wide entry cache (tailing reads), in bytes.
+    #[arg(long, default_value_t = 128 * 1024 * 1024)]
+    pub entry_cache_bytes_max: usize,
+    /// Topics loaded at once at most.
+    #[arg(long, default_value_t = 10_000)]
+    pub topics_loaded_max: usize,
+    /// Period of each topic's background work (cursor snapshots, trimming), in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub topic_tick_interval_ms: u64,
+
+    /// Standalone only: directory of all data (metadata store, journal, ledgers).
+    #[arg(long, default_value = "data/standalone")]
+    pub data_dir: PathBuf,
+    /// Standalone only: cluster name created on first start.
+    #[arg(long, default_value = "standalone")]
+    pub standalone_cluster_name: String,
+    /// Standalone only: disk use (fraction) above which the in-process bookie
+    /// turns read-only.
+    #[arg(long, default_value_t = 0.95)]
+    pub standalone_disk_usage_threshold: f64,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config key `{key}`: {reason}")]
+pub struct InvalidConfig {
+    /// The key.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> InvalidConfig {
+    InvalidConfig {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Which process the configuration runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `cms-broker serve`: ZooKeeper and real bookies.
+    Cluster,
+    /// `cms-broker standalone`: everything in one process.
+    Standalone,
+}
+
+/// E, Qw, Qa of new ledgers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replication {
+    /// Ensemble size.
+    pub ensemble: usize,
+    /// Write quorum.
+    pub write_quorum: usize,
+    /// Ack quorum.
+    pub ack_quorum: usize,
+}
+
+impl BrokerConfig {
+    /// Checks values that parse but cannot work in `mode`.
+    pub fn validate(&self, mode: Mode) -> Result<(), InvalidConfig> {
+        self.broker_addr()?;
+        self.http_addr()?;
+        if mode == Mode::Cluster {
+            self.metadata_url()?;
+        }
+        let r = self.replication(mode);
+        if !(r.ensemble >= r.write_quorum && r.write_quorum >= r.ack_quorum && r.ack_quorum >= 1) {
+            return Err(invalid(
+                "ack_quorum",
+                format!(
+                    "need ensemble_size >= write_quorum >= ack_quorum >= 1, got {}/{}/{}",
+                    r.ensemble, r.write_quorum, r.ack_quorum
+                ),
+            ));
+        }
+        if self.message_bytes_max == 0 || self.message_bytes_max > MESSAGE_BYTES_MAX_LIMIT {
+            return Err(invalid(
+                "message_bytes_max",
+                format!("must be within 1..={MESSAGE_BYTES_MAX_LIMIT}"),
+            ));
+        }
+        for (key, v) in [
+            (
+                "pending_publishes_per_connection_max",
+                self.pending_publishes_per_connection_max,
+            ),
+            ("producers_per_topic_max", self.producers_per_topic_max),
+            (
+                "consumers_per_subscription_max",
+                self.consumers_per_subscription_max,
+            ),
+            ("connections_per_ip_max", self.connections_per_ip_max),
+            ("connections_max", self.connections_max),
+            (
+                "handles_per_connection_max",
+                self.handles_per_connection_max,
+            ),
+            ("outbound_queue_max", self.outbound_queue_max),
+            ("topics_loaded_max", self.topics_loaded_max),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if self.keep_alive_interval_s == 0 {
+            return Err(invalid("keep_alive_interval_s", "must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.standalone_disk_usage_threshold) {
+            return Err(invalid(
+                "standalone_disk_usage_threshold",
+                "must be within 0.0..=1.0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// E/Qw/Qa with the mode's defaults filled in for zeros.
+    pub fn replication(&self, mode: Mode) -> Replication {
+        let (e, w, a) = match mode {
+            Mode::Cluster => (3, 3, 2),
+            Mode::Standalone => (1, 1, 1),
+        };
+        let pick = |v: usize, d: usize| if v == 0 { d } else { v };
+        Replication {
+            ensemble: pick(self.ensemble_size, e),
+            write_quorum: pick(self.write_quorum, w),
+            ack_quorum: pick(self.ack_quorum, a),
+        }
+    }
+
+    /// The metadata store URL of `serve`.
+    pub fn metadata_url(&self) -> Result<MetadataUrl, InvalidConfig> {
+        self.metadata_url
+            .parse()
+            .map_err(|reason: String| invalid("metadata_url", reason))
+    }
+
+    /// The ZooKeeper session and operation timeouts.
+    pub fn zk_options(&self) -> ZkOptions {
+        ZkOptions {
+            session_timeout_ms: self.metadata_session_timeout_ms,
+            connect_timeout_ms: self.metadata_operation_timeout_ms,
+            operation_timeout_ms: self.metadata_operation_timeout_ms,
+        }
+    }
+
+    /// The Pulsar protocol listen address.
+    pub fn broker_addr(&self) -> Result<SocketAddr, InvalidConfig> {
+        self.broker_bind
+            .parse()
+            .map_err(|e| invalid("broker_bind", format!("{:?}: {e}", self.broker_bind)))
+    }
+
+    /// The HTTP listen address.
+    pub fn http_addr(&self) -> Result<SocketAddr, InvalidConfig> {
+        self.http_bind
+            .parse()
+            .map_err(|e| invalid("http_bind", format!("{:?}: {e}", self.http_bind)))
+    }
+
+    /// The host clients are told to use, given the bound address.
+    pub fn advertised_host(&self, bound: SocketAddr) -> String {
+        if !self.advertised_address.is_empty() {
+            return self.advertised_address.clone();
+        }
+        if bound.ip().is_unspecified() {
+            "127.0.0.1".into()
+        } else {
+            bound.ip().to_string()
+        }
+    }
+
+    /// Largest frame accepted from a client: the message limit plus padding.
+    pub fn frame_bytes_max(&self) -> usize {
+        self.message_bytes_max.saturating_add(FRAME_PADDING_BYTES)
+    }
+
+    /// Absolute data directory (standalone).
+    pub fn data_dir_abs(&self) -> PathBuf {
+        absolute(&self.data_dir)
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Command, FromArgMatches};
+
+    fn defaults() -> BrokerConfig {
+        let m = BrokerConfig::augment_args(Command::new("t"))
+            .try_get_matches_from(["t"])
+            .unwrap();
+        BrokerConfig::from_arg_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_valid_in_both_modes() {
+        let c = defaults();
+        c.validate(Mode::Cluster).unwrap();
+        c.validate(Mode::Standalone).unwrap();
+        assert_eq!(c.broker_addr().unwrap().port(), 6650);
+        assert_eq!(c.http_addr().unwrap().port(), 8080);
+        assert_eq!(c.message_bytes_max, 5 * 1024 * 1024);
+        assert_eq!(c.keep_alive_interval_s, 30);
+    }
+
+    #[test]
+    fn replication_defaults_depend_on_the_mode() {
+        let mut c = defaults();
+        let r = |e, w, a| Replication {
+            ensemble: e,
+            write_quorum: w,
+            ack_quorum: a,
+        };
+        assert_eq!(c.replication(Mode::Cluster), r(3, 3, 2));
+        assert_eq!(c.replication(Mode::Standalone), r(1, 1, 1));
+        c.ensemble_size = 5;
+        assert_eq!(c.replication(Mode::Cluster), r(5, 3, 2));
+        c.ack_quorum = 4;
+        let e = c.validate(Mode::Cluster).unwrap_err();
+        assert_eq!(e.key, "ack_quorum");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let table: Vec<(&str, Box<dyn Fn(&mut BrokerConfig)>)> = vec![
+            ("broker_bind", Box::new(|c| c.broker_bind = "nope".into())),
+            ("http_bind", Box::new(|c| c.http_bind = "1.2.3.4".into())),
+            ("metadata_url", Box::new(|c| c.metadata_url = "x://".into())),
+            ("message_bytes_max", Box::new(|c| c.message_bytes_max = 0)),
+            (
+                "message_bytes_max",
+                Box::new(|c| c.message_bytes_max = 8 * 1024 * 1024),
+            ),
+            (
+                "pending_publishes_per_connection_max",
+                Box::new(|c| c.pending_publishes_per_connection_max = 0),
+            ),
+            (
+                "keep_alive_interval_s",
+                Box::new(|c| c.keep_alive_interval_s = 0),
+            ),
+        ];
+        for (key, f) in table {
+            let mut c = defaults();
+            f(&mut c);
+            assert_eq!(c.validate(Mode::Cluster).unwrap_err().key, key);
+        }
+    }
+
+    #[test]
+    fn advertised_host_defaults_to_the_bind_host() {
+        let mut c = defaults();
+        assert_eq!(
+            c.advertised_host("0.0.0.0:6650".parse().unwrap()),
+            "127.0.0.1"
+        );
+        assert_eq!(
+            c.advertised_host("10.1.2.3:6650".parse().unwrap()),
+            "10.1.2.3"
+        );
+        c.advertised_address = "broker-0.example".into();
+        assert_eq!(
+            c.advertised_host("0.0.0.0:6650".parse().unwrap()),
+            "broker-0.example"
+        );
+    }
+}

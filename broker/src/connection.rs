@@ -1,0 +1,907 @@
+//! One client connection of the Pulsar binary protocol: the handshake,
+//! keep-alive, lookups, producers and their publish path, and (through
+//! [`crate::consumers`]) consumers.
+//!
+//! Structure: one task reads frames and handles commands in order; one task
+//! writes the frames queued on a bounded channel (responses, receipts,
+//! messages); each producer has an append task (SEND → managed-ledger
+//! append, in order) and a receipt task (waits for each append to be durable,
+//! in order, then queues SEND_RECEIPT). Events from those tasks (a producer
+//! closed by the broker, a waiting producer granted) come back to the reader
+//! task on a channel.
+//!
+//! Promises:
+//! - nothing but CONNECT is accepted before CONNECTED; a decode error, a
+//!   command before CONNECT, a second CONNECT, a command without its
+//!   sub-message or a type that is not a Pulsar command closes this
+//!   connection only (invariant 9); a known command we do not serve gets an
+//!   ERROR naming it, and we only ever send commands pulsar-client-cpp
+//!   handles (G2);
+//! - SEND_RECEIPT only after the durable append, in order per producer,
+//!   echoing `sequence_id` / `highest_sequence_id` (G4); a checksum mismatch
+//!   gets SEND_ERROR `ChecksumError` in the same order; receipts are never
+//!   dropped — when `pending_publishes_per_connection_max` publishes are in
+//!   flight the connection stops reading the socket until one completes;
+//! - CLOSE_PRODUCER / CLOSE_CONSUMER are idempotent: SUCCESS for unknown ids (G8);
+//! - keep-alive: PING after `keep_alive_interval_s` without input, close
+//!   after twice that (never while reads are paused for backpressure);
+//! - when the connection ends, its producers and consumers leave their
+//!   topics and subscriptions.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cms_client::proto::commands;
+use cms_client::proto::frame::{ChecksumState, Frame, FrameError, PulsarCodec};
+use cms_client::proto::pulsar::{
+    BaseCommand, CommandLookupTopic, CommandPartitionedTopicMetadata, CommandProducer,
+    ProducerAccessMode, ServerError, base_command::Type,
+};
+use futures::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::consumers::Consumers;
+use crate::managed_ledger::io::managed_ledger::PendingAppend;
+use crate::producers::{AccessMode, ProducerRefusal, ProducerRequest};
+use crate::service::BrokerState;
+use crate::topic_name::TopicName;
+use crate::topics::{ProducerAdmission, Topic, TopicError};
+
+/// Highest protocol version this broker speaks.
+pub const PROTOCOL_VERSION_MAX: i32 = 20;
+/// Longest a topic load may take for one request, in milliseconds.
+pub const TOPIC_LOAD_TIMEOUT_MS: u64 = 30_000;
+/// Server version reported in CONNECTED.
+pub const SERVER_VERSION: &str = concat!("CMS-", env!("CARGO_PKG_VERSION"));
+
+/// The error code and message of an ERROR answer.
+pub type ErrorReply = (ServerError, String);
+
+/// Maps a topic error to the Pulsar error the client understands (G7).
+pub fn topic_error_reply(e: &TopicError) -> ErrorReply {
+    match e {
+        TopicError::NotFound(m) => (ServerError::TopicNotFound, m.clone()),
+        TopicError::NotAllowed(m) => (ServerError::NotAllowedError, m.clone()),
+        // "is being unloaded" keeps the client's connection open (G7).
+        TopicError::ServiceNotReady(m) => (ServerError::ServiceNotReady, m.clone()),
+        TopicError::Persistence(m) => (ServerError::PersistenceError, m.clone()),
+    }
+}
+
+/// Frames queued towards the socket.
+pub type Outbound = mpsc::Sender<Frame>;
+
+/// What producer and consumer tasks tell the reader task.
+#[derive(Debug)]
+pub enum ConnEvent {
+    /// The broker closed this producer (its topic unloaded or failed): send
+    /// CLOSE_PRODUCER and forget it.
+    ProducerClosed {
+        /// Producer id.
+        producer_id: u64,
+        /// Which registration (ids can be reused after a close).
+        generation: u64,
+    },
+    /// The broker closed this consumer (its topic unloaded).
+    ConsumerClosed {
+        /// Consumer id.
+        consumer_id: u64,
+        /// Which registration.
+        generation: u64,
+    },
+}
+
+struct SendItem {
+    sequence_id: u64,
+    highest_sequence_id: Option<u64>,
+    num_messages: u64,
+    checksum: ChecksumState,
+    entry: Bytes,
+    received: Instant,
+    _permit: OwnedSemaphorePermit,
+}
+
+enum Pending {
+    Append(SendItem, PendingAppend),
+    Refused(SendItem, ServerError, String),
+    Failed(SendItem, String),
+}
+
+struct ProducerEntry {
+    topic: Arc<Topic>,
+    name: String,
+    generation: u64,
+    ready: Arc<AtomicBool>,
+    sends: mpsc::Sender<SendItem>,
+}
+
+/// Per-connection state owned by the reader task.
+pub struct Conn {
+    /// Broker-wide state.
+    pub state: Arc<BrokerState>,
+    /// Connection id.
+    pub id: u64,
+    /// Frames towards the socket.
+    pub out: Outbound,
+    /// Events from this connection's tasks.
+    pub events_tx: mpsc::Sender<ConnEvent>,
+    protocol_version: i32,
+    connected: bool,
+    producers: HashMap<u64, ProducerEntry>,
+    /// This connection's consumers.
+    pub consumers: Consumers,
+    generation: u64,
+    publish_permits: Arc<Semaphore>,
+}
+
+/// Why the reader task stops.
+pub(crate) enum CloseReason {
+    /// The peer closed or the socket failed.
+    Gone,
+    /// Bad input: counted, logged, closed.
+    BadInput(String),
+    /// Keep-alive timeout.
+    Idle,
+    /// Broker shutdown.
+    Shutdown,
+}
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, peer: SocketAddr) {
+    let id = state.next_connection_id();
+    let span = info_span!("connection", conn = id, peer = %peer);
+    serve_inner(state, stream, id).instrument(span).await
+}
+
+async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
+    let frame_max = state.config.frame_bytes_max();
+    let (rd, wr) = stream.into_split();
+    let mut reader = FramedRead::new(rd, PulsarCodec::new(frame_max));
+    let mut writer = FramedWrite::new(wr, PulsarCodec::new(frame_max));
+    let (out, mut out_rx) = mpsc::channel::<Frame>(state.config.outbound_queue_max);
+    let write_task = tokio::spawn(
+        async move {
+            while let Some(frame) = out_rx.recv().await {
+                if let Err(e) = writer.feed(frame).await {
+                    debug!(error = %e, "write failed");
+                    return;
+                }
+                // Batch what is queued already, then flush.
+                while let Ok(frame) = out_rx.try_recv() {
+                    if let Err(e) = writer.feed(frame).await {
+                        debug!(error = %e, "write failed");
+                        return;
+                    }
+                }
+                if let Err(e) = writer.flush().await {
+                    debug!(error = %e, "flush failed");
+                    return;
+                }
+            }
+            let _ = writer.close().await;
+        }
+        .in_current_span(),
+    );
+    let (events_tx, mut events_rx) = mpsc::channel(1024);
+    let mut conn = Conn {
+        state: state.clone(),
+        id,
+        out: out.clone(),
+        events_tx,
+        protocol_version: 0,
+        connected: false,
+        producers: HashMap::new(),
+        consumers: Consumers::default(),
+        generation: 0,
+        publish_permits: Arc::new(Semaphore::new(
+            state.config.pending_publishes_per_connection_max,
+        )),
+    };
+    let keep_alive = Duration::from_secs(state.config.keep_alive_interval_s);
+    let mut ticker = tokio::time::interval(keep_alive);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    let mut last_rx = Instant::now();
+    let mut shutdown = state.shutdown_signal();
+    let mut reserved: Option<OwnedSemaphorePermit> = None;
+
+    let close = loop {
+        tokio::select! {
+            biased;
+            _ = wait_true(&mut shutdown) => break CloseReason::Shutdown,
+            Some(ev) = events_rx.recv() => conn.on_event(ev).await,
+            permit = conn.publish_permits.clone().acquire_owned(), if reserved.is_none() => {
+                match permit {
+                    Ok(p) => reserved = Some(p),
+                    Err(_) => break CloseReason::Gone,
+                }
+            }
+            frame = reader.next(), if reserved.is_some() => {
+                last_rx = Instant::now();
+                match frame {
+                    None => break CloseReason::Gone,
+                    Some(Err(FrameError::Io(e))) => {
+                        debug!(error = %e, "read failed");
+                        break CloseReason::Gone;
+                    }
+                    Some(Err(e)) => break CloseReason::BadInput(e.to_string()),
+                    Some(Ok(frame)) => {
+                        if let Err(why) = conn.on_frame(frame, &mut reserved).await {
+                            break why;
+                        }
+                    }
+                }
+            }
+            _ = ticker.tick() => {
+                let idle = last_rx.elapsed();
+                let reading = reserved.is_some();
+                if reading && idle >= keep_alive * 2 {
+                    break CloseReason::Idle;
+                }
+                if conn.connected && idle >= keep_alive {
+                    let _ = conn.out.try_send(Frame::Command(commands::ping()));
+                }
+            }
+        }
+    };
+    match &close {
+        CloseReason::Gone => debug!("connection closed by the peer"),
+        CloseReason::BadInput(why) => {
+            state.metrics.connections_bad_input.inc();
+            warn!(reason = %why, "closing the connection: bad input");
+        }
+        CloseReason::Idle => info!("closing the connection: no keep-alive answer"),
+        CloseReason::Shutdown => debug!("closing the connection: broker shutdown"),
+    }
+    conn.cleanup().await;
+    drop(conn);
+    drop(out);
+    // The writer ends once every sender is gone; bound the wait.
+    let _ = tokio::time::timeout(Duration::from_secs(5), write_task).await;
+}
+
+/// The request id of a command that has one (for ERROR answers).
+pub(crate) fn request_id_of(cmd: &BaseCommand) -> u64 {
+    cmd.producer
+        .as_ref()
+        .map(|c| c.request_id)
+        .or(cmd.subscribe.as_ref().map(|c| c.request_id))
+        .or(cmd.lookup_topic.as_ref().map(|c| c.request_id))
+        .or(cmd.partition_metadata.as_ref().map(|c| c.request_id))
+        .or(cmd.unsubscribe.as_ref().map(|c| c.request_id))
+        .or(cmd.seek.as_ref().map(|c| c.request_id))
+        .or(cmd.close_producer.as_ref().map(|c| c.request_id))
+        .or(cmd.close_consumer.as_ref().map(|c| c.request_id))
+        .or(cmd.consumer_stats.as_ref().map(|c| c.request_id))
+        .or(cmd.get_last_message_id.as_ref().map(|c| c.request_id))
+        .or(cmd.get_topics_of_namespace.as_ref().map(|c| c.request_id))
+        .or(cmd.get_schema.as_ref().map(|c| c.request_id))
+        .or(cmd.get_or_create_schema.as_ref().map(|c| c.request_id))
+        .unwrap_or(0)
+}
+
+/// Whether `t` is a command type of the Pulsar protocol at all (known to our
+/// definition, or one of the transaction / topic-list-watch commands we do
+/// not define).
+fn is_pulsar_command_type(t: i32) -> bool {
+    Type::try_from(t).is_ok() || (50..=67).contains(&t)
+}
+
+/// Resolves once `rx` holds `true` (or its sender is gone).
+pub async fn wait_true(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+fn missing(what: &str) -> CloseReason {
+    CloseReason::BadInput(format!("{what} command without its sub-message"))
+}
+
+impl Conn {
+    /// Queues a frame towards the socket (waits when the queue is full).
+    pub async fn send(&self, cmd: BaseCommand) {
+        let _ = self.out.send(Frame::Command(cmd)).await;
+    }
+
+    /// Queues an ERROR answer.
+    pub async fn send_error(&self, request_id: u64, (code, message): ErrorReply) {
+        self.send(commands::error(request_id, code, message)).await;
+    }
+
+    /// A new registration generation (producer and consumer ids may be reused).
+    pub fn next_generation(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation
+    }
+
+    /// Producers plus consumers on this connection.
+    pub fn handles(&self) -> usize {
+        self.producers.len() + self.consumers.len()
+    }
+
+    async fn on_frame(
+        &mut self,
+        frame: Frame,
+        reserved: &mut Option<OwnedSemaphorePermit>,
+    ) -> Result<(), CloseReason> {
+        let (cmd, payload) = match frame {
+            Frame::Command(c) => (c, None),
+            Frame::Payload(p) => {
+                let c = p.command.clone();
+                (c, Some(p))
+            }
+        };
+        let ty = Type::try_from(cmd.r#type);
+        if !self.connected {
+            return match ty {
+                Ok(Type::Connect) => self.on_connect(&cmd).await,
+                _ => Err(CloseReason::BadInput(format!(
+                    "{} before CONNECT",
+                    commands::command_name(&cmd)
+                ))),
+            };
+        }
+        let Ok(ty) = ty else {
+            if is_pulsar_command_type(cmd.r#type) {
+                self.send_error(
+                    request_id_of(&cmd),
+                    (
+                        ServerError::NotAllowedError,
+                        format!(
+                            "command type {} is not supported by this broker",
+                            cmd.r#type
+                        ),
+                    ),
+                )
+                .await;
+                return Ok(());
+            }
+            return Err(CloseReason::BadInput(format!(
+                "unknown command type {}",
+                cmd.r#type
+            )));
+        };
+        match ty {
+            Type::Connect => Err(CloseReason::BadInput("second CONNECT".into())),
+            Type::Ping => {
+                self.send(commands::pong()).await;
+                Ok(())
+            }
+            Type::Pong => Ok(()),
+            Type::Lookup => {
+                let c = cmd.lookup_topic.as_ref().ok_or_else(|| missing("LOOKUP"))?;
+                self.on_lookup(c).await;
+                Ok(())
+            }
+            Type::PartitionedMetadata => {
+                let c = cmd
+                    .partition_metadata
+                    .as_ref()
+                    .ok_or_else(|| missing("PARTITIONED_METADATA"))?;
+                self.on_partitioned_metadata(c).await;
+                Ok(())
+            }
+            Type::Producer => {
+                let c = cmd.producer.as_ref().ok_or_else(|| missing("PRODUCER"))?;
+                self.on_producer(c).await;
+                Ok(())
+            }
+            Type::Send => {
+                let Some(p) = payload else {
+                    return Err(CloseReason::BadInput("SEND without a payload".into()));
+                };
+                let c = cmd.send.as_ref().ok_or_else(|| missing("SEND"))?;
+                let item_permit = reserved.take();
+                let Some(permit) = item_permit else {
+                    return Err(CloseReason::BadInput(
+                        "internal: SEND without a permit".into(),
+                    ));
+                };
+                self.on_send(
+                    c.producer_id,
+                    SendItem {
+                        sequence_id: c.sequence_id,
+                        highest_sequence_id: c.highest_sequence_id,
+                        num_messages: u64::try_from(c.num_messages.unwrap_or(1).max(1))
+                            .unwrap_or(1),
+                        checksum: p.checksum,
+                        entry: p.entry,
+                        received: Instant::now(),
+                        _permit: permit,
+                    },
+                );
+                Ok(())
+            }
+            Type::CloseProducer => {
+                let c = cmd
+                    .close_producer
+                    .as_ref()
+                    .ok_or_else(|| missing("CLOSE_PRODUCER"))?;
+                self.remove_producer(c.producer_id);
+                self.send(commands::success(c.request_id)).await;
+                Ok(())
+            }
+            Type::Subscribe
+            | Type::Flow
+            | Type::Ack
+            | Type::RedeliverUnacknowledgedMessages
+            | Type::Seek
+            | Type::Unsubscribe
+            | Type::CloseConsumer
+            | Type::ConsumerStats
+            | Type::GetLastMessageId => crate::consumers::on_command(self, ty, &cmd).await,
+            Type::GetTopicsOfNamespace
+            | Type::GetSchema
+            | Type::GetOrCreateSchema
+            | Type::AuthResponse => {
+                self.send_error(
+                    request_id_of(&cmd),
+                    (
+                        ServerError::NotAllowedError,
+                        format!(
+                            "{} is not supported by this broker yet",
+                            commands::command_name(&cmd)
+                        ),
+                    ),
+                )
+                .await;
+                Ok(())
+            }
+            // Broker-to-client commands sent by a client.
+            _ => {
+                self.send_error(
+                    request_id_of(&cmd),
+                    (
+                        ServerError::NotAllowedError,
+                        format!(
+                            "{} is not a client-to-broker command",
+                            commands::command_name(&cmd)
+                        ),
+                    ),
+                )
+                .await;
+                Ok(())
+            }
+        }
+    }
+
+    async fn on_connect(&mut self, cmd: &BaseCommand) -> Result<(), CloseReason> {
+        let c = cmd.connect.as_ref().ok_or_else(|| missing("CONNECT"))?;
+        let client = c.protocol_version.unwrap_or(0);
+        self.protocol_version = client.clamp(0, PROTOCOL_VERSION_MAX);
+        self.connected = true;
+        let max = i32::try_from(self.state.config.message_bytes_max).unwrap_or(i32::MAX);
+        debug!(
+            client_version = %c.client_version,
+            protocol_version = self.protocol_version,
+            "connected"
+        );
+        self.send(commands::connected(
+            SERVER_VERSION,
+            self.protocol_version,
+            max,
+        ))
+        .await;
+        Ok(())
+    }
+
+    async fn on_lookup(&self, c: &CommandLookupTopic) {
+        match self.check_topic(&c.topic).await {
+            Ok(_) => {
+                self.send(commands::lookup_response_connect(
+                    c.request_id,
+                    &self.state.service_url,
+                    true,
+                ))
+                .await
+            }
+            Err((code, msg)) => {
+                self.send(commands::lookup_response_failed(c.request_id, code, msg))
+                    .await
+            }
+        }
+    }
+
+    async fn on_partitioned_metadata(&self, c: &CommandPartitionedTopicMetadata) {
+        match self.check_topic(&c.topic).await {
+            Ok(_) => {
+                self.send(commands::partitioned_metadata_response(c.request_id, 0))
+                    .await
+            }
+            Err((code, msg)) => {
+                self.send(commands::partitioned_metadata_failed(
+                    c.request_id,
+                    code,
+                    msg,
+                ))
+                .await
+            }
+        }
+    }
+
+    /// Parses a topic name and checks its namespace exists.
+    pub async fn check_topic(&self, topic: &str) -> Result<TopicName, ErrorReply> {
+        let name =
+            TopicName::parse(topic).map_err(|e| (ServerError::InvalidTopicName, e.to_string()))?;
+        let ctx = self.state.topics.context();
+        match crate::tenancy::namespace_policies(
+            &*ctx.store,
+            &ctx.layout,
+            &name.tenant,
+            &name.namespace,
+        )
+        .await
+        {
+            Ok(Some(_)) => Ok(name),
+            Ok(None) => Err((
+                ServerError::TopicNotFound,
+                format!("namespace {} does not exist", name.namespace_name()),
+            )),
+            Err(e) => Err((ServerError::MetadataError, e.to_string())),
+        }
+    }
+
+    /// Loads (or finds) a topic for a request, bounded in time.
+    pub async fn load_topic(&self, topic: &str, create: bool) -> Result<Arc<Topic>, ErrorReply> {
+        let name =
+            TopicName::parse(topic).map_err(|e| (ServerError::InvalidTopicName, e.to_string()))?;
+        let load = self.state.topics.get_or_load(&name, create);
+        match tokio::time::timeout(Duration::from_millis(TOPIC_LOAD_TIMEOUT_MS), load).await {
+            Ok(Ok(t)) => Ok(t),
+            Ok(Err(e)) => Err(topic_error_reply(&e)),
+            Err(_) => Err((
+                ServerError::ServiceNotReady,
+                format!("loading topic {name} took longer than {TOPIC_LOAD_TIMEOUT_MS} ms"),
+            )),
+        }
+    }
+
+    async fn on_producer(&mut self, c: &CommandProducer) {
+        if let Some(existing) = self.producers.get(&c.producer_id) {
+            // A retry of a request that already succeeded (G8).
+            if existing.topic.name.to_string()
+                == TopicName::parse(&c.topic)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+                && existing.ready.load(Ordering::Acquire)
+            {
+                let name = existing.name.clone();
+                self.send(commands::producer_success(
+                    c.request_id,
+                    &name,
+                    -1,
+                    true,
+                    None,
+                ))
+                .await;
+            } else {
+                self.send_error(
+                    c.request_id,
+                    (
+                        ServerError::ProducerBusy,
+                        format!("producer id {} is already in use", c.producer_id),
+                    ),
+                )
+                .await;
+            }
+            return;
+        }
+        if self.handles() >= self.state.config.handles_per_connection_max {
+            self.send_error(
+                c.request_id,
+                (
+                    ServerError::NotAllowedError,
+                    format!(
+                        "connection reached {} producers and consumers",
+                        self.state.config.handles_per_connection_max
+                    ),
+                ),
+            )
+            .await;
+            return;
+        }
+        let mode = match c.producer_access_mode.map(ProducerAccessMode::try_from) {
+            None | Some(Ok(ProducerAccessMode::Shared)) => AccessMode::Shared,
+            Some(Ok(ProducerAccessMode::Exclusive)) => AccessMode::Exclusive,
+            Some(Ok(ProducerAccessMode::WaitForExclusive)) => AccessMode::WaitForExclusive,
+            Some(other) => {
+                self.send_error(
+                    c.request_id,
+                    (
+                        ServerError::NotAllowedError,
+                        format!("producer access mode {other:?} is not supported"),
+                    ),
+                )
+                .await;
+                return;
+            }
+        };
+        let topic = match self.load_topic(&c.topic, true).await {
+            Ok(t) => t,
+            Err(e) => {
+                self.send_error(c.request_id, e).await;
+                return;
+            }
+        };
+        let name = match c.producer_name.as_deref() {
+            Some(n) if !n.is_empty() && c.user_provided_producer_name.unwrap_or(true) => {
+                n.to_string()
+            }
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => self.state.next_producer_name(),
+        };
+        let key = (self.id, c.producer_id);
+        let admission = topic.add_producer(ProducerRequest {
+            key,
+            name: name.clone(),
+            mode,
+            topic_epoch: c.topic_epoch,
+        });
+        let generation = self.next_generation();
+        let ready = Arc::new(AtomicBool::new(false));
+        match admission {
+            Err(ProducerRefusal::Busy(m)) => {
+                self.send_error(c.request_id, (ServerError::ProducerBusy, m))
+                    .await;
+                return;
+            }
+            Err(ProducerRefusal::Fenced(m)) => {
+                self.send_error(c.request_id, (ServerError::ProducerFenced, m))
+                    .await;
+                return;
+            }
+            Ok(ProducerAdmission::Ready(g)) => {
+                ready.store(true, Ordering::Release);
+                self.send(commands::producer_success(
+                    c.request_id,
+                    &g.name,
+                    -1,
+                    true,
+                    g.topic_epoch,
+                ))
+                .await;
+            }
+            Ok(ProducerAdmission::Waiting(rx)) => {
+                self.send(commands::producer_success(
+                    c.request_id,
+                    &name,
+                    -1,
+                    false,
+                    None,
+                ))
+                .await;
+                let out = self.out.clone();
+                let ready = ready.clone();
+                let request_id = c.request_id;
+                tokio::spawn(
+                    async move {
+                        if let Ok(g) = rx.await {
+                            ready.store(true, Ordering::Release);
+                            let _ = out
+                                .send(Frame::Command(commands::producer_success(
+                                    request_id,
+                                    &g.name,
+                                    -1,
+                                    true,
+                                    g.topic_epoch,
+                                )))
+                                .await;
+                        }
+                    }
+                    .in_current_span(),
+                );
+            }
+        }
+        let (sends_tx, sends_rx) = mpsc::channel(
+            self.state
+                .config
+                .pending_publishes_per_connection_max
+                .max(1),
+        );
+        let (done_tx, done_rx) = mpsc::channel(
+            self.state
+                .config
+                .pending_publishes_per_connection_max
+                .max(1),
+        );
+        let span = info_span!(
+            "producer",
+            tenant = %topic.name.tenant,
+            namespace = %topic.name.namespace,
+            topic = %topic.name,
+            producer = %name,
+            producer_id = c.producer_id
+        );
+        tokio::spawn(append_task(topic.clone(), sends_rx, done_tx).instrument(span.clone()));
+        tokio::spawn(
+            receipt_task(
+                self.state.clone(),
+                topic.clone(),
+                c.producer_id,
+                generation,
+                done_rx,
+                self.out.clone(),
+                self.events_tx.clone(),
+            )
+            .instrument(span),
+        );
+        self.state.metrics.producers.inc();
+        info!(topic = %topic.name, producer = %name, producer_id = c.producer_id, "producer created");
+        self.producers.insert(
+            c.producer_id,
+            ProducerEntry {
+                topic,
+                name,
+                generation,
+                ready,
+                sends: sends_tx,
+            },
+        );
+    }
+
+    fn on_send(&mut self, producer_id: u64, item: SendItem) {
+        let Some(p) = self.producers.get(&producer_id) else {
+            // Raced with a close (ours or the broker's): the client resends
+            // after re-creating the producer; no receipt for this one.
+            debug!(producer_id, "SEND for an unknown producer ignored");
+            return;
+        };
+        if !p.ready.load(Ordering::Acquire) {
+            debug!(producer_id, "SEND before the producer is ready ignored");
+            return;
+        }
+        self.state.metrics.messages_in.inc_by(item.num_messages);
+        self.state
+            .metrics
+            .bytes_in
+            .inc_by(u64::try_from(item.entry.len()).unwrap_or(u64::MAX));
+        // The channel holds as many items as there are publish permits, so
+        // this never waits; a full or closed channel means the producer's
+        // tasks ended (its topic failed) and the close is on its way.
+        if p.sends.try_send(item).is_err() {
+            debug!(producer_id, "SEND for a closing producer ignored");
+        }
+    }
+
+    fn remove_producer(&mut self, producer_id: u64) {
+        if let Some(p) = self.producers.remove(&producer_id) {
+            p.topic.remove_producer((self.id, producer_id));
+            self.state.metrics.producers.dec();
+            debug!(producer_id, "producer closed");
+        }
+    }
+
+    async fn on_event(&mut self, ev: ConnEvent) {
+        match ev {
+            ConnEvent::ProducerClosed {
+                producer_id,
+                generation,
+            } => {
+                if self
+                    .producers
+                    .get(&producer_id)
+                    .is_some_and(|p| p.generation == generation)
+                {
+                    self.remove_producer(producer_id);
+                    self.send(commands::close_producer(producer_id, 0)).await;
+                }
+            }
+            ConnEvent::ConsumerClosed {
+                consumer_id,
+                generation,
+            } => crate::consumers::on_closed_by_broker(self, consumer_id, generation).await,
+        }
+    }
+
+    async fn cleanup(&mut self) {
+        let ids: Vec<u64> = self.producers.keys().copied().collect();
+        for id in ids {
+            self.remove_producer(id);
+        }
+        crate::consumers::remove_all(self).await;
+    }
+}
+
+async fn append_task(
+    topic: Arc<Topic>,
+    mut sends: mpsc::Receiver<SendItem>,
+    done: mpsc::Sender<Pending>,
+) {
+    while let Some(item) = sends.recv().await {
+        let pending = match item.checksum {
+            ChecksumState::Mismatch => Pending::Refused(
+                item,
+                ServerError::ChecksumError,
+                "checksum of the payload does not match".into(),
+            ),
+            ChecksumState::Valid | ChecksumState::Absent => {
+                match topic.ml.append_pipelined(item.entry.clone()).await {
+                    Ok(p) => Pending::Append(item, p),
+                    Err(e) => Pending::Failed(item, e.to_string()),
+                }
+            }
+        };
+        let failed = matches!(pending, Pending::Failed(..));
+        if done.send(pending).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+async fn receipt_task(
+    state: Arc<BrokerState>,
+    topic: Arc<Topic>,
+    producer_id: u64,
+    generation: u64,
+    mut done: mpsc::Receiver<Pending>,
+    out: Outbound,
+    events: mpsc::Sender<ConnEvent>,
+) {
+    let mut closing = topic.closing();
+    let failure = loop {
+        let next = tokio::select! {
+            n = done.recv() => n,
+            _ = wait_true(&mut closing) => break Some("topic unloaded".to_string()),
+        };
+        let Some(pending) = next else {
+            // The producer was closed by the client: nothing more to do.
+            return;
+        };
+        match pending {
+            Pending::Append(item, p) => match p.wait().await {
+                Ok(pos) => {
+                    let mut cmd = commands::send_receipt(
+                        producer_id,
+                        item.sequence_id,
+                        pos.ledger_id,
+                        // Entry ids of stored entries are never negative.
+                        u64::try_from(pos.entry_id).unwrap_or(0),
+                    );
+                    if let Some(r) = cmd.send_receipt.as_mut() {
+                        r.highest_sequence_id = item.highest_sequence_id;
+                    }
+                    state
+                        .metrics
+                        .publish_latency
+                        .observe(item.received.elapsed().as_secs_f64());
+                    if out.send(Frame::Command(cmd)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => break Some(e.to_string()),
+            },
+            Pending::Refused(item, code, message) => {
+                let cmd = commands::send_error(producer_id, item.sequence_id, code, message);
+                if out.send(Frame::Command(cmd)).await.is_err() {
+                    return;
+                }
+            }
+            Pending::Failed(item, e) => {
+                drop(item);
+                break Some(e);
+            }
+        }
+    };
+    if let Some(why) = failure {
+        // No receipt for anything pending: the client resends it after it
+        // re-creates the producer (G13).
+        warn!(producer_id, reason = %why, "closing the producer");
+        if topic.ml.terminal_error().is_some() && !topic.is_closing() {
+            let topics = state.topics.clone();
+            let t = topic.clone();
+            tokio::spawn(async move { topics.unload(&t, "managed ledger failed").await });
+        }
+        let _ = events
+            .send(ConnEvent::ProducerClosed {
+                producer_id,
+                generation,
+            })
+            .await;
+    }
+}

@@ -1,0 +1,715 @@
+//! [`Dispatcher`]: one subscription's dispatch state (see the module doc for
+//! its promises and bounds). The caller drives it:
+//!
+//! 1. inputs: [`Dispatcher::add_consumer`] / [`Dispatcher::remove_consumer`]
+//!    (returning Failover's [`Event`]s), [`Dispatcher::flow`],
+//!    [`Dispatcher::ack`], [`Dispatcher::ack_cumulative`],
+//!    [`Dispatcher::redeliver`], [`Dispatcher::reset`] (after a seek);
+//! 2. [`Dispatcher::next_read`] says what to read now, if anything: rewind
+//!    the cursor's read position, re-read given positions, or read new
+//!    entries; at most one read is outstanding;
+//! 3. [`Dispatcher::read_done`] (or [`Dispatcher::read_failed`]) with what was
+//!    read returns the [`Assignment`]s to carry out; a send that cannot be carried
+//!    out goes back with [`Dispatcher::send_failed`].
+//!
+//! A read answered after a rewind or reset was requested (its ticket is from
+//! an older epoch) is dropped whole: the rewind or seek re-reads it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::failover::select_active;
+use super::types::{ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType};
+use crate::managed_ledger::Position;
+
+/// Something the caller must tell consumers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Failover: the consumer is now (not) the active one.
+    ActiveChanged {
+        /// Who to tell.
+        consumer: ConsumerId,
+        /// Whether it is the active consumer.
+        is_active: bool,
+    },
+}
+
+/// What to read next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadPlan {
+    /// Move the cursor's read position back to its mark-delete (nothing is
+    /// read); answer with no entries.
+    Rewind,
+    /// Read exactly these positions (ascending), skipping acknowledged ones.
+    Replay(Vec<Position>),
+    /// Read up to `entries_max` new entries after the cursor's read position.
+    Next {
+        /// Entries at most.
+        entries_max: usize,
+    },
+}
+
+/// An outstanding read: hand it back to [`Dispatcher::read_done`] or
+/// [`Dispatcher::read_failed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadTicket {
+    epoch: u64,
+    plan: ReadPlan,
+}
+
+impl ReadTicket {
+    /// What to read.
+    pub fn plan(&self) -> &ReadPlan {
+        &self.plan
+    }
+}
+
+/// An entry read, with the number of messages it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadEntry<T> {
+    /// Its position.
+    pub position: Position,
+    /// Messages in it (a batch counts its messages; 0 is taken as 1).
+    pub messages: u32,
+    /// The caller's payload, passed through.
+    pub payload: T,
+}
+
+/// An entry to send to a consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment<T> {
+    /// To whom.
+    pub consumer: ConsumerId,
+    /// The entry's position.
+    pub position: Position,
+    /// Messages in it (permits taken).
+    pub messages: u32,
+    /// Times it was delivered and taken back before.
+    pub redelivery_count: u32,
+    /// The caller's payload.
+    pub payload: T,
+}
+
+/// One consumer's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Its identity.
+    pub id: ConsumerId,
+    /// Its name.
+    pub name: String,
+    /// Its priority level.
+    pub priority: i32,
+    /// Permits left (messages; negative after a batch larger than them).
+    pub permits: i64,
+    /// Messages delivered and not acknowledged.
+    pub unacked_messages: u64,
+    /// Blocked on its unacked limit.
+    pub blocked: bool,
+    /// False while its sink is full.
+    pub writable: bool,
+    /// The active consumer (single-active types).
+    pub is_active: bool,
+}
+
+/// The dispatcher's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatcherStats {
+    /// The type of the attached consumers (`None` without consumers).
+    pub sub_type: Option<SubType>,
+    /// The active consumer (single-active types).
+    pub active: Option<ConsumerId>,
+    /// Messages delivered and not acknowledged.
+    pub unacked_messages: u64,
+    /// Entries delivered and not acknowledged.
+    pub pending_entries: usize,
+    /// Dispatching stopped on the subscription's unacked limit.
+    pub blocked: bool,
+    /// Entries waiting for redelivery.
+    pub replay_entries: usize,
+    /// Positions with a redelivery count.
+    pub redelivery_counts: usize,
+    /// Count increments dropped at `redelivery_counts_max`.
+    pub redelivery_counts_dropped: u64,
+    /// Per consumer, in join order.
+    pub consumers: Vec<ConsumerStats>,
+}
+
+#[derive(Debug)]
+struct Consumer {
+    info: ConsumerInfo,
+    permits: i64,
+    unacked: u64,
+    blocked: bool,
+    writable: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    consumer: ConsumerId,
+    messages: u32,
+}
+
+/// One subscription's dispatch state machine.
+#[derive(Debug)]
+pub struct Dispatcher {
+    limits: DispatchLimits,
+    sub_type: Option<SubType>,
+    /// Join order = round-robin order.
+    consumers: Vec<Consumer>,
+    active: Option<ConsumerId>,
+    rr_next: usize,
+    rr_given: u32,
+    pending: BTreeMap<Position, Pending>,
+    unacked_total: u64,
+    blocked: bool,
+    replay: BTreeSet<Position>,
+    counts: BTreeMap<Position, u32>,
+    counts_dropped: u64,
+    read_in_flight: bool,
+    /// Replay positions of the outstanding read (an ack removes them).
+    reading_replay: BTreeSet<Position>,
+    rewind_requested: bool,
+    epoch: u64,
+}
+
+impl Dispatcher {
+    /// An empty dispatcher.
+    pub fn new(limits: DispatchLimits) -> Self {
+        Self {
+            limits,
+            sub_type: None,
+            consumers: Vec::new(),
+            active: None,
+            rr_next: 0,
+            rr_given: 0,
+            pending: BTreeMap::new(),
+            unacked_total: 0,
+            blocked: false,
+            replay: BTreeSet::new(),
+            counts: BTreeMap::new(),
+            counts_dropped: 0,
+            read_in_flight: false,
+            reading_replay: BTreeSet::new(),
+            rewind_requested: false,
+            epoch: 0,
+        }
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> &DispatchLimits {
+        &self.limits
+    }
+
+    /// The type of the attached consumers.
+    pub fn sub_type(&self) -> Option<SubType> {
+        self.sub_type
+    }
+
+    /// The active consumer (Exclusive: the consumer; Failover: the chosen one).
+    pub fn active(&self) -> Option<ConsumerId> {
+        self.active
+    }
+
+    /// True if `id` is attached.
+    pub fn has_consumer(&self, id: ConsumerId) -> bool {
+        self.idx(id).is_ok()
+    }
+
+    /// Attached consumers, in join order.
+    pub fn consumer_ids(&self) -> Vec<ConsumerId> {
+        self.consumers.iter().map(|c| c.info.id).collect()
+    }
+
+    /// The redelivery count of `pos`.
+    pub fn redelivery_count(&self, pos: Position) -> u32 {
+        self.counts.get(&pos).copied().unwrap_or(0)
+    }
+
+    fn idx(&self, id: ConsumerId) -> Result<usize, DispatchError> {
+        self.consumers
+            .iter()
+            .position(|c| c.info.id == id)
+            .ok_or(DispatchError::UnknownConsumer(id))
+    }
+
+    /// Attaches a consumer (with no permits). Exclusive refuses a second
+    /// consumer; a type other than the attached consumers' is refused.
+    pub fn add_consumer(&mut self, info: ConsumerInfo) -> Result<Vec<Event>, DispatchError> {
+        if self.idx(info.id).is_ok() {
+            return Err(DispatchError::DuplicateConsumer(info.id));
+        }
+        if let Some(current) = self.sub_type {
+            if current != info.sub_type {
+                return Err(DispatchError::SubTypeMismatch {
+                    current,
+                    requested: info.sub_type,
+                });
+            }
+            if current == SubType::Exclusive
+                && let Some(c) = self.consumers.first()
+            {
+                return Err(DispatchError::ConsumerBusy {
+                    existing: c.info.id,
+                });
+            }
+        }
+        if self.consumers.len() >= self.limits.consumers_max {
+            return Err(DispatchError::TooManyConsumers {
+                max: self.limits.consumers_max,
+            });
+        }
+        let id = info.id;
+        self.sub_type = Some(info.sub_type);
+        self.consumers.push(Consumer {
+            info,
+            permits: 0,
+            unacked: 0,
+            blocked: false,
+            writable: true,
+        });
+        Ok(self.update_active(Some(id)))
+    }
+
+    /// Detaches a consumer: Shared re-queues its unacked entries for the
+    /// others; single-active types rewind (every unacked entry is redelivered).
+    pub fn remove_consumer(&mut self, id: ConsumerId) -> Result<Vec<Event>, DispatchError> {
+        let i = self.idx(id)?;
+        let gone = self.consumers.remove(i);
+        if i < self.rr_next {
+            self.rr_next -= 1;
+        } else if i == self.rr_next {
+            self.rr_given = 0;
+        }
+        if self.rr_next >= self.consumers.len() {
+            self.rr_next = 0;
+        }
+        match self.sub_type {
+            Some(SubType::Shared) => {
+                let mine: Vec<Position> = self
+                    .pending
+                    .iter()
+                    .filter(|(_, p)| p.consumer == id)
+                    .map(|(pos, _)| *pos)
+                    .collect();
+                for pos in mine {
+                    self.take_back(pos);
+                    self.bump_count(pos);
+                    self.replay.insert(pos);
+                }
+            }
+            Some(_) if gone.unacked > 0 => self.request_rewind(),
+            _ => {}
+        }
+        if self.consumers.is_empty() {
+            self.sub_type = None;
+        }
+        Ok(self.update_active(None))
+    }
+
+    fn update_active(&mut self, joined: Option<ConsumerId>) -> Vec<Event> {
+        let new = match self.sub_type {
+            Some(SubType::Failover) => select_active(self.consumers.iter().map(|c| &c.info)),
+            Some(SubType::Exclusive) => self.consumers.first().map(|c| c.info.id),
+            Some(SubType::Shared) | None => None,
+        };
+        let failover = self.sub_type == Some(SubType::Failover);
+        let mut events = Vec::new();
+        if new != self.active {
+            let had_active = self.active.is_some();
+            self.active = new;
+            if had_active && !self.pending.is_empty() {
+                // The old active consumer's unacked entries go to the new one.
+                self.request_rewind();
+            }
+            if failover {
+                events.extend(self.consumers.iter().map(|c| Event::ActiveChanged {
+                    consumer: c.info.id,
+                    is_active: Some(c.info.id) == new,
+                }));
+            }
+        } else if failover && let Some(j) = joined {
+            events.push(Event::ActiveChanged {
+                consumer: j,
+                is_active: Some(j) == new,
+            });
+        }
+        events
+    }
+
+    /// Adds `permits` messages to a consumer's permits.
+    pub fn flow(&mut self, id: ConsumerId, permits: u32) -> Result<(), DispatchError> {
+        let i = self.idx(id)?;
+        let c = &mut self.consumers[i];
+        c.permits = c.permits.saturating_add(i64::from(permits));
+        Ok(())
+    }
+
+    /// Marks a consumer's sink (not) able to take more.
+    pub fn set_writable(&mut self, id: ConsumerId, writable: bool) -> Result<(), DispatchError> {
+        let i = self.idx(id)?;
+        self.consumers[i].writable = writable;
+        Ok(())
+    }
+
+    /// Individual acks from consumer `id` (of whichever consumer's entries;
+    /// unknown positions are ignored: the cursor holds the truth).
+    pub fn ack(&mut self, id: ConsumerId, positions: &[Position]) -> Result<(), DispatchError> {
+        self.idx(id)?;
+        for &pos in positions {
+            self.take_back(pos);
+            self.replay.remove(&pos);
+            self.reading_replay.remove(&pos);
+            self.counts.remove(&pos);
+        }
+        Ok(())
+    }
+
+    /// A cumulative ack up to `pos` (refused on Shared).
+    pub fn ack_cumulative(&mut self, id: ConsumerId, pos: Position) -> Result<(), DispatchError> {
+        self.idx(id)?;
+        if self.sub_type == Some(SubType::Shared) {
+            return Err(DispatchError::CumulativeAckOnShared);
+        }
+        let done: Vec<Position> = self.pending.range(..=pos).map(|(p, _)| *p).collect();
+        for p in done {
+            self.take_back(p);
+        }
+        self.replay.retain(|p| *p > pos);
+        self.reading_replay.retain(|p| *p > pos);
+        self.counts.retain(|p, _| *p > pos);
+        Ok(())
+    }
+
+    /// REDELIVER_UNACKNOWLEDGED_MESSAGES from consumer `id`. Shared: the
+    /// listed positions it holds (all it holds without a list) are queued
+    /// for redelivery. Single-active types: a request from the active
+    /// consumer rewinds everything unacked (order is kept; a list is
+    /// treated as "all", as Pulsar does).
+    pub fn redeliver(
+        &mut self,
+        id: ConsumerId,
+        positions: Option<&[Position]>,
+    ) -> Result<(), DispatchError> {
+        self.idx(id)?;
+        match self.sub_type {
+            Some(SubType::Shared) => {
+                let mine: Vec<Position> = match positions {
+                    Some(list) => list
+                        .iter()
+                        .filter(|p| self.pending.get(p).is_some_and(|x| x.consumer == id))
+                        .copied()
+                        .collect(),
+                    None => self
+                        .pending
+                        .iter()
+                        .filter(|(_, p)| p.consumer == id)
+                        .map(|(pos, _)| *pos)
+                        .collect(),
+                };
+                for pos in mine {
+                    self.take_back(pos);
+                    self.bump_count(pos);
+                    self.replay.insert(pos);
+                }
+            }
+            Some(_) if self.active == Some(id) => self.request_rewind(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// After the cursor was moved (seek): forgets every delivery, replay,
+    /// redelivery count and outstanding read. Permits stay.
+    pub fn reset(&mut self) {
+        self.pending.clear();
+        self.replay.clear();
+        self.reading_replay.clear();
+        self.counts.clear();
+        self.unacked_total = 0;
+        self.blocked = false;
+        for c in &mut self.consumers {
+            c.unacked = 0;
+            c.blocked = false;
+        }
+        self.rewind_requested = false;
+        self.epoch += 1;
+    }
+
+    fn request_rewind(&mut self) {
+        let positions: Vec<Position> = self.pending.keys().copied().collect();
+        for pos in positions {
+            self.bump_count(pos);
+        }
+        self.pending.clear();
+        self.unacked_total = 0;
+        self.blocked = false;
+        for c in &mut self.consumers {
+            c.unacked = 0;
+            c.blocked = false;
+        }
+        // Everything after the mark-delete is read again.
+        self.replay.clear();
+        self.reading_replay.clear();
+        self.rewind_requested = true;
+        self.epoch += 1;
+    }
+
+    fn bump_count(&mut self, pos: Position) {
+        if let Some(n) = self.counts.get_mut(&pos) {
+            *n = n.saturating_add(1);
+        } else if self.counts.len() < self.limits.redelivery_counts_max {
+            self.counts.insert(pos, 1);
+        } else {
+            self.counts_dropped += 1;
+        }
+    }
+
+    /// Removes `pos` from the pending entries, releasing its unacked counts.
+    fn take_back(&mut self, pos: Position) -> Option<Pending> {
+        let p = self.pending.remove(&pos)?;
+        let n = u64::from(p.messages);
+        self.unacked_total = self.unacked_total.saturating_sub(n);
+        if self.blocked
+            && self.unacked_total <= self.limits.unacked_messages_per_subscription_max / 2
+        {
+            self.blocked = false;
+        }
+        let half = self.limits.unacked_messages_per_consumer_max / 2;
+        if let Some(c) = self.consumers.iter_mut().find(|c| c.info.id == p.consumer) {
+            c.unacked = c.unacked.saturating_sub(n);
+            if c.blocked && c.unacked <= half {
+                c.blocked = false;
+            }
+        }
+        Some(p)
+    }
+
+    fn eligible(c: &Consumer) -> bool {
+        c.permits > 0 && !c.blocked && c.writable
+    }
+
+    fn active_idx(&self) -> Option<usize> {
+        let a = self.active?;
+        self.consumers.iter().position(|c| c.info.id == a)
+    }
+
+    /// Permits (messages) dispatch may use now.
+    fn usable_permits(&self) -> i64 {
+        match self.sub_type {
+            Some(SubType::Shared) => self
+                .consumers
+                .iter()
+                .filter(|c| Self::eligible(c))
+                .map(|c| c.permits)
+                .fold(0i64, i64::saturating_add),
+            Some(_) => self
+                .active_idx()
+                .map(|i| &self.consumers[i])
+                .filter(|c| Self::eligible(c))
+                .map_or(0, |c| c.permits),
+            None => 0,
+        }
+    }
+
+    /// What to read now, if anything (nothing while a read is outstanding,
+    /// without usable permits, or while blocked on the subscription limit).
+    pub fn next_read(&mut self) -> Option<ReadTicket> {
+        if self.read_in_flight {
+            return None;
+        }
+        let plan = if self.rewind_requested {
+            ReadPlan::Rewind
+        } else {
+            if self.blocked {
+                return None;
+            }
+            let permits = self.usable_permits();
+            if permits <= 0 {
+                return None;
+            }
+            let room = self
+                .limits
+                .unacked_messages_per_subscription_max
+                .saturating_sub(self.unacked_total);
+            let n = self
+                .limits
+                .read_entries_max
+                .min(usize::try_from(permits).unwrap_or(usize::MAX))
+                .min(usize::try_from(room).unwrap_or(usize::MAX))
+                .max(1);
+            if self.replay.is_empty() {
+                ReadPlan::Next { entries_max: n }
+            } else {
+                let positions: Vec<Position> = self.replay.iter().take(n).copied().collect();
+                for p in &positions {
+                    self.replay.remove(p);
+                }
+                self.reading_replay = positions.iter().copied().collect();
+                ReadPlan::Replay(positions)
+            }
+        };
+        self.read_in_flight = true;
+        Some(ReadTicket {
+            epoch: self.epoch,
+            plan,
+        })
+    }
+
+    /// The outstanding read failed: its replay positions are queued again
+    /// (unless a rewind or reset covers them) and a rewind stays requested.
+    pub fn read_failed(&mut self, ticket: ReadTicket) {
+        self.read_in_flight = false;
+        let reading = std::mem::take(&mut self.reading_replay);
+        if ticket.epoch == self.epoch {
+            self.replay.extend(reading);
+        }
+    }
+
+    /// The outstanding read's entries (in position order, acknowledged ones
+    /// left out): returns the sends to carry out, in entry order. Entries no
+    /// consumer can take now are queued for replay.
+    pub fn read_done<T>(
+        &mut self,
+        ticket: ReadTicket,
+        mut entries: Vec<ReadEntry<T>>,
+    ) -> Vec<Assignment<T>> {
+        self.read_in_flight = false;
+        let reading = std::mem::take(&mut self.reading_replay);
+        if ticket.epoch != self.epoch {
+            return Vec::new();
+        }
+        match ticket.plan {
+            ReadPlan::Rewind => {
+                self.rewind_requested = false;
+                return Vec::new();
+            }
+            // Acked while being read: left out.
+            ReadPlan::Replay(_) => entries.retain(|e| reading.contains(&e.position)),
+            ReadPlan::Next { .. } => {}
+        }
+        self.assign(entries)
+    }
+
+    fn assign<T>(&mut self, entries: Vec<ReadEntry<T>>) -> Vec<Assignment<T>> {
+        let mut out = Vec::new();
+        let mut entries = entries.into_iter();
+        while let Some(e) = entries.next() {
+            if self.pending.contains_key(&e.position) {
+                continue;
+            }
+            let target = if self.blocked { None } else { self.select() };
+            let Some(i) = target else {
+                self.replay.insert(e.position);
+                self.replay.extend(entries.map(|e| e.position));
+                break;
+            };
+            let messages = e.messages.max(1);
+            let n = u64::from(messages);
+            let c = &mut self.consumers[i];
+            c.permits = c.permits.saturating_sub(i64::from(messages));
+            c.unacked = c.unacked.saturating_add(n);
+            if c.unacked >= self.limits.unacked_messages_per_consumer_max {
+                c.blocked = true;
+            }
+            let consumer = c.info.id;
+            self.unacked_total = self.unacked_total.saturating_add(n);
+            if self.unacked_total >= self.limits.unacked_messages_per_subscription_max {
+                self.blocked = true;
+            }
+            self.pending
+                .insert(e.position, Pending { consumer, messages });
+            out.push(Assignment {
+                consumer,
+                position: e.position,
+                messages,
+                redelivery_count: self.redelivery_count(e.position),
+                payload: e.payload,
+            });
+        }
+        out
+    }
+
+    fn select(&mut self) -> Option<usize> {
+        match self.sub_type? {
+            SubType::Shared => self.select_shared(),
+            SubType::Exclusive | SubType::Failover => self
+                .active_idx()
+                .filter(|&i| Self::eligible(&self.consumers[i])),
+        }
+    }
+
+    /// Round-robin: the current consumer keeps its turn for up to
+    /// `round_robin_entries_max` entries while it is eligible.
+    fn select_shared(&mut self) -> Option<usize> {
+        let n = self.consumers.len();
+        if n == 0 {
+            return None;
+        }
+        let batch = self.limits.round_robin_entries_max.max(1);
+        if self.rr_next < n
+            && self.rr_given < batch
+            && Self::eligible(&self.consumers[self.rr_next])
+        {
+            self.rr_given += 1;
+            return Some(self.rr_next);
+        }
+        for step in 1..=n {
+            let i = (self.rr_next + step) % n;
+            if Self::eligible(&self.consumers[i]) {
+                self.rr_next = i;
+                self.rr_given = 1;
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// A send could not be carried out (the consumer's sink is full): the
+    /// entry is queued for replay, its permits returned, and the consumer is
+    /// not writable until [`Self::set_writable`].
+    pub fn send_failed<T>(&mut self, send: &Assignment<T>) {
+        if self
+            .pending
+            .get(&send.position)
+            .is_some_and(|p| p.consumer == send.consumer)
+        {
+            self.take_back(send.position);
+            self.replay.insert(send.position);
+            if let Ok(i) = self.idx(send.consumer) {
+                let c = &mut self.consumers[i];
+                c.permits = c.permits.saturating_add(i64::from(send.messages));
+                c.writable = false;
+            }
+        }
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> DispatcherStats {
+        DispatcherStats {
+            sub_type: self.sub_type,
+            active: self.active,
+            unacked_messages: self.unacked_total,
+            pending_entries: self.pending.len(),
+            blocked: self.blocked,
+            replay_entries: self.replay.len() + self.reading_replay.len(),
+            redelivery_counts: self.counts.len(),
+            redelivery_counts_dropped: self.counts_dropped,
+            consumers: self
+                .consumers
+                .iter()
+                .map(|c| ConsumerStats {
+                    id: c.info.id,
+                    name: c.info.name.clone(),
+                    priority: c.info.priority,
+                    permits: c.permits,
+                    unacked_messages: c.unacked,
+                    blocked: c.blocked,
+                    writable: c.writable,
+                    is_active: self.active == Some(c.info.id),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

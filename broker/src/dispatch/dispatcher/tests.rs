@@ -1,0 +1,822 @@
+//! Dispatcher tests: tables of rules, and a model topic + cursor (`Sim`)
+//! that carries out the dispatcher's read plans the way the async layer does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+fn pos(e: i64) -> Position {
+    Position::new(1, e)
+}
+
+fn cid(i: u64) -> ConsumerId {
+    ConsumerId::new(1, i)
+}
+
+fn info(i: u64, name: &str, priority: i32, sub_type: SubType) -> ConsumerInfo {
+    ConsumerInfo {
+        id: cid(i),
+        name: name.to_string(),
+        priority,
+        sub_type,
+    }
+}
+
+/// One delivery: (consumer, entry id, redelivery count).
+type Got = (u64, i64, u32);
+
+/// A model topic (ledger 1, entry i holds `topic[i]` messages) and cursor.
+struct Sim {
+    d: Dispatcher,
+    topic: Vec<u32>,
+    read_after: i64,
+    mark_delete: i64,
+    acked: BTreeSet<i64>,
+}
+
+impl Sim {
+    fn new(limits: DispatchLimits, topic: Vec<u32>) -> Self {
+        Self {
+            d: Dispatcher::new(limits),
+            topic,
+            read_after: -1,
+            mark_delete: -1,
+            acked: BTreeSet::new(),
+        }
+    }
+
+    fn add(&mut self, i: u64, t: SubType) -> Vec<Event> {
+        self.d
+            .add_consumer(info(i, &format!("c{i}"), 0, t))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn flow(&mut self, i: u64, n: u32) {
+        self.d.flow(cid(i), n).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn is_acked(&self, e: i64) -> bool {
+        e <= self.mark_delete || self.acked.contains(&e)
+    }
+
+    fn entry(&self, e: i64) -> ReadEntry<()> {
+        ReadEntry {
+            position: pos(e),
+            messages: self.topic[usize::try_from(e).unwrap_or(0)],
+            payload: (),
+        }
+    }
+
+    /// Carries out read plans until there is nothing to do; returns the
+    /// deliveries in order.
+    fn pump(&mut self) -> Vec<Got> {
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            let Some(t) = self.d.next_read() else {
+                return out;
+            };
+            let entries = match t.plan().clone() {
+                ReadPlan::Rewind => {
+                    self.read_after = self.mark_delete;
+                    Vec::new()
+                }
+                ReadPlan::Replay(ps) => ps
+                    .iter()
+                    .map(|p| p.entry_id)
+                    .filter(|e| !self.is_acked(*e))
+                    .map(|e| self.entry(e))
+                    .collect(),
+                ReadPlan::Next { entries_max } => {
+                    let mut v = Vec::new();
+                    let last = i64::try_from(self.topic.len()).unwrap_or(0) - 1;
+                    while v.len() < entries_max && self.read_after < last {
+                        self.read_after += 1;
+                        if !self.is_acked(self.read_after) {
+                            v.push(self.entry(self.read_after));
+                        }
+                    }
+                    if v.is_empty() {
+                        // Tailing: nothing new; the async layer would wait.
+                        let sends = self.d.read_done(t, v);
+                        assert!(sends.is_empty());
+                        return out;
+                    }
+                    v
+                }
+            };
+            for s in self.d.read_done(t, entries) {
+                out.push((s.consumer.consumer, s.position.entry_id, s.redelivery_count));
+            }
+        }
+        panic!("pump does not settle");
+    }
+
+    fn ack(&mut self, i: u64, entries: &[i64]) {
+        let ps: Vec<Position> = entries.iter().map(|e| pos(*e)).collect();
+        self.d.ack(cid(i), &ps).unwrap_or_else(|e| panic!("{e}"));
+        self.acked.extend(entries);
+        while self.acked.remove(&(self.mark_delete + 1)) {
+            self.mark_delete += 1;
+        }
+    }
+
+    fn ack_cumulative(&mut self, i: u64, e: i64) {
+        self.d
+            .ack_cumulative(cid(i), pos(e))
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.mark_delete = self.mark_delete.max(e);
+        self.acked.retain(|a| *a > e);
+        while self.acked.remove(&(self.mark_delete + 1)) {
+            self.mark_delete += 1;
+        }
+    }
+}
+
+fn consumers_of(got: &[Got]) -> Vec<u64> {
+    got.iter().map(|g| g.0).collect()
+}
+
+fn entries_of(got: &[Got]) -> Vec<i64> {
+    got.iter().map(|g| g.1).collect()
+}
+
+#[test]
+fn shared_is_round_robin_over_consumers_with_permits() {
+    struct Case {
+        name: &'static str,
+        rr: u32,
+        permits: &'static [u32],
+        topic: &'static [u32],
+        want: &'static [u64],
+    }
+    let cases = [
+        Case {
+            name: "alternates",
+            rr: 1,
+            permits: &[10, 10],
+            topic: &[1, 1, 1, 1],
+            want: &[1, 2, 1, 2],
+        },
+        Case {
+            name: "turns of two entries",
+            rr: 2,
+            permits: &[10, 10],
+            topic: &[1, 1, 1, 1, 1],
+            want: &[1, 1, 2, 2, 1],
+        },
+        Case {
+            name: "a consumer out of permits is skipped",
+            rr: 1,
+            permits: &[1, 10],
+            topic: &[1, 1, 1, 1],
+            want: &[1, 2, 2, 2],
+        },
+        Case {
+            name: "nothing before flow",
+            rr: 1,
+            permits: &[0, 0],
+            topic: &[1, 1, 1],
+            want: &[],
+        },
+        Case {
+            name: "a batch takes its messages, permits may go negative",
+            rr: 1,
+            permits: &[2, 0],
+            topic: &[3, 1],
+            want: &[1],
+        },
+        Case {
+            name: "three consumers one permit each",
+            rr: 1,
+            permits: &[1, 1, 1],
+            topic: &[1, 1, 1, 1, 1],
+            want: &[1, 2, 3],
+        },
+        Case {
+            name: "batches spread by permits",
+            rr: 1,
+            permits: &[4, 4],
+            topic: &[2, 2, 2, 2, 2],
+            want: &[1, 2, 1, 2],
+        },
+    ];
+    for c in cases {
+        let limits = DispatchLimits {
+            round_robin_entries_max: c.rr,
+            ..DispatchLimits::default()
+        };
+        let mut sim = Sim::new(limits, c.topic.to_vec());
+        for (i, p) in c.permits.iter().enumerate() {
+            let id = u64::try_from(i).unwrap_or(0) + 1;
+            sim.add(id, SubType::Shared);
+            sim.flow(id, *p);
+        }
+        let got = sim.pump();
+        assert_eq!(consumers_of(&got), c.want, "{}", c.name);
+        // In order, each entry once.
+        let want_entries: Vec<i64> = (0..i64::try_from(c.want.len()).unwrap_or(0)).collect();
+        assert_eq!(entries_of(&got), want_entries, "{}", c.name);
+    }
+}
+
+#[test]
+fn who_may_join_a_subscription() {
+    use SubType::{Exclusive, Failover, Shared};
+    // (attached consumers' type and count, new consumer's type, result)
+    let busy = Err(DispatchError::ConsumerBusy { existing: cid(1) });
+    type Case = (Option<(SubType, u64)>, SubType, Result<(), DispatchError>);
+    let cases: Vec<Case> = vec![
+        (None, Exclusive, Ok(())),
+        (Some((Exclusive, 1)), Exclusive, busy),
+        (
+            Some((Exclusive, 1)),
+            Shared,
+            Err(DispatchError::SubTypeMismatch {
+                current: Exclusive,
+                requested: Shared,
+            }),
+        ),
+        (Some((Shared, 2)), Shared, Ok(())),
+        (Some((Failover, 2)), Failover, Ok(())),
+        (
+            Some((Shared, 1)),
+            Failover,
+            Err(DispatchError::SubTypeMismatch {
+                current: Shared,
+                requested: Failover,
+            }),
+        ),
+        (
+            Some((Shared, 3)),
+            Shared,
+            Err(DispatchError::TooManyConsumers { max: 3 }),
+        ),
+    ];
+    for (existing, t, want) in cases {
+        let mut d = Dispatcher::new(DispatchLimits {
+            consumers_max: 3,
+            ..DispatchLimits::default()
+        });
+        if let Some((et, n)) = existing {
+            for i in 1..=n {
+                d.add_consumer(info(i, "x", 0, et))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        let got = d.add_consumer(info(9, "y", 0, t)).map(|_| ());
+        assert_eq!(got, want, "{existing:?} + {t}");
+    }
+    // The same id twice; a type change once everyone left.
+    let mut d = Dispatcher::new(DispatchLimits::default());
+    d.add_consumer(info(1, "a", 0, Shared))
+        .map(|_| ())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        d.add_consumer(info(1, "a", 0, Shared)).map(|_| ()),
+        Err(DispatchError::DuplicateConsumer(cid(1)))
+    );
+    d.remove_consumer(cid(1))
+        .map(|_| ())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.sub_type(), None);
+    assert!(d.add_consumer(info(2, "b", 0, Exclusive)).is_ok());
+    assert_eq!(
+        d.remove_consumer(cid(7)).map(|_| ()),
+        Err(DispatchError::UnknownConsumer(cid(7)))
+    );
+}
+
+#[test]
+fn failover_tells_consumers_when_the_active_one_changes() {
+    enum Op {
+        Add(u64, &'static str, i32),
+        Remove(u64),
+    }
+    use Op::{Add, Remove};
+    let on = |i| Event::ActiveChanged {
+        consumer: cid(i),
+        is_active: true,
+    };
+    let off = |i| Event::ActiveChanged {
+        consumer: cid(i),
+        is_active: false,
+    };
+    // (operation, events expected, active consumer after)
+    let steps: Vec<(Op, Vec<Event>, Option<u64>)> = vec![
+        (Add(1, "m", 0), vec![on(1)], Some(1)),
+        // Lower in the order: only the newcomer hears (inactive).
+        (Add(2, "z", 0), vec![off(2)], Some(1)),
+        // A smaller name wins at equal priority: everyone hears.
+        (Add(3, "a", 0), vec![off(1), off(2), on(3)], Some(3)),
+        // A better priority wins over the name.
+        (
+            Add(4, "zz", -1),
+            vec![off(1), off(2), off(3), on(4)],
+            Some(4),
+        ),
+        // An inactive one leaving changes nothing.
+        (Remove(2), vec![], Some(4)),
+        // The active one leaving: the next in the order takes over.
+        (Remove(4), vec![off(1), on(3)], Some(3)),
+        (Remove(3), vec![on(1)], Some(1)),
+        (Remove(1), vec![], None),
+    ];
+    let mut d = Dispatcher::new(DispatchLimits::default());
+    for (i, (op, events, active)) in steps.into_iter().enumerate() {
+        let got = match op {
+            Add(id, name, prio) => d.add_consumer(info(id, name, prio, SubType::Failover)),
+            Remove(id) => d.remove_consumer(cid(id)),
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, events, "step {i}");
+        assert_eq!(d.active(), active.map(cid), "step {i}");
+    }
+}
+
+#[test]
+fn only_the_active_failover_consumer_receives() {
+    let mut sim = Sim::new(DispatchLimits::default(), vec![1; 6]);
+    sim.d
+        .add_consumer(info(1, "b", 0, SubType::Failover))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.d
+        .add_consumer(info(2, "a", 0, SubType::Failover))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(1, 100);
+    assert!(
+        sim.pump().is_empty(),
+        "the inactive consumer's permits do not count"
+    );
+    sim.flow(2, 3);
+    let got = sim.pump();
+    assert_eq!(got, vec![(2, 0, 0), (2, 1, 0), (2, 2, 0)]);
+}
+
+#[test]
+fn a_consumer_over_its_unacked_limit_waits_until_half_is_acked() {
+    let limits = DispatchLimits {
+        unacked_messages_per_consumer_max: 4,
+        round_robin_entries_max: 1,
+        ..DispatchLimits::default()
+    };
+    let mut sim = Sim::new(limits, vec![1; 20]);
+    sim.add(1, SubType::Shared);
+    sim.flow(1, 100);
+    let got = sim.pump();
+    assert_eq!(entries_of(&got), vec![0, 1, 2, 3], "blocked at 4 unacked");
+    assert!(sim.d.stats().consumers[0].blocked);
+    sim.ack(1, &[0]);
+    assert!(sim.pump().is_empty(), "3 unacked is above half");
+    sim.ack(1, &[1]);
+    assert!(!sim.d.stats().consumers[0].blocked);
+    let got = sim.pump();
+    assert_eq!(
+        entries_of(&got),
+        vec![4, 5],
+        "unblocked at 2, blocked again at 4"
+    );
+    // A second consumer is not held up by the first one's limit.
+    sim.add(2, SubType::Shared);
+    sim.flow(2, 2);
+    assert_eq!(sim.pump(), vec![(2, 6, 0), (2, 7, 0)]);
+}
+
+#[test]
+fn the_subscription_over_its_unacked_limit_stops_until_half_is_acked() {
+    let limits = DispatchLimits {
+        unacked_messages_per_subscription_max: 6,
+        round_robin_entries_max: 1,
+        ..DispatchLimits::default()
+    };
+    // Entry 2 is a batch of 3 messages.
+    let mut sim = Sim::new(limits, vec![1, 1, 3, 1, 1, 1, 1, 1, 1, 1]);
+    sim.add(1, SubType::Shared);
+    sim.add(2, SubType::Shared);
+    sim.flow(1, 100);
+    sim.flow(2, 100);
+    let got = sim.pump();
+    assert_eq!(entries_of(&got), vec![0, 1, 2, 3], "1+1+3+1 = 6 messages");
+    let s = sim.d.stats();
+    assert!(s.blocked);
+    assert_eq!(s.unacked_messages, 6);
+    sim.ack(1, &[0]);
+    assert!(sim.pump().is_empty(), "5 unacked is above half of 6");
+    sim.ack(1, &[2]);
+    assert!(!sim.d.stats().blocked);
+    let got = sim.pump();
+    assert_eq!(entries_of(&got), vec![4, 5, 6, 7]);
+}
+
+#[test]
+fn shared_redelivery_comes_first_in_order_with_counts() {
+    let limits = DispatchLimits {
+        round_robin_entries_max: 1,
+        ..DispatchLimits::default()
+    };
+    let mut sim = Sim::new(limits, vec![1; 6]);
+    sim.add(1, SubType::Shared);
+    sim.add(2, SubType::Shared);
+    sim.flow(1, 2);
+    sim.flow(2, 2);
+    let got = sim.pump();
+    assert_eq!(got, vec![(1, 0, 0), (2, 1, 0), (1, 2, 0), (2, 3, 0)]);
+    // Consumer 1 nacks 2 and 0; a position it does not hold is ignored.
+    sim.d
+        .redeliver(cid(1), Some(&[pos(2), pos(0), pos(1)]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sim.d.redelivery_count(pos(1)), 0);
+    sim.flow(2, 3);
+    let got = sim.pump();
+    assert_eq!(got, vec![(2, 0, 1), (2, 2, 1), (2, 4, 0)]);
+    // Again: the count keeps rising until acked.
+    sim.d
+        .redeliver(cid(2), Some(&[pos(0)]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(1, 1);
+    assert_eq!(sim.pump(), vec![(1, 0, 2)]);
+    sim.ack(1, &[0]);
+    assert_eq!(sim.d.redelivery_count(pos(0)), 0);
+    assert_eq!(
+        sim.d.stats().redelivery_counts,
+        1,
+        "entry 2 keeps its count"
+    );
+}
+
+#[test]
+fn a_shared_consumer_leaving_hands_its_unacked_to_the_others() {
+    let limits = DispatchLimits {
+        round_robin_entries_max: 1,
+        ..DispatchLimits::default()
+    };
+    let mut sim = Sim::new(limits, vec![1; 4]);
+    sim.add(1, SubType::Shared);
+    sim.add(2, SubType::Shared);
+    sim.flow(1, 2);
+    sim.flow(2, 1);
+    assert_eq!(sim.pump(), vec![(1, 0, 0), (2, 1, 0), (1, 2, 0)]);
+    sim.ack(1, &[0]);
+    sim.d
+        .remove_consumer(cid(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(2, 10);
+    assert_eq!(sim.pump(), vec![(2, 2, 1), (2, 3, 0)]);
+    assert_eq!(sim.d.stats().unacked_messages, 3);
+}
+
+#[test]
+fn exclusive_redelivery_rewinds_every_unacked_in_order() {
+    let mut sim = Sim::new(DispatchLimits::default(), vec![1; 5]);
+    sim.add(1, SubType::Exclusive);
+    sim.flow(1, 4);
+    assert_eq!(entries_of(&sim.pump()), vec![0, 1, 2, 3]);
+    sim.ack(1, &[1]);
+    // Without ids (what the C++ client sends on Exclusive/Failover).
+    sim.d
+        .redeliver(cid(1), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(1, 10);
+    assert_eq!(
+        sim.pump(),
+        vec![(1, 0, 1), (1, 2, 1), (1, 3, 1), (1, 4, 0)],
+        "acked 1 skipped, new 4 after the rewound ones"
+    );
+    // With ids it still rewinds everything (order is kept).
+    sim.d
+        .redeliver(cid(1), Some(&[pos(3)]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sim.pump(), vec![(1, 0, 2), (1, 2, 2), (1, 3, 2), (1, 4, 1)]);
+}
+
+#[test]
+fn a_failover_switch_redelivers_the_old_active_ones_unacked_to_the_new_one() {
+    let mut sim = Sim::new(DispatchLimits::default(), vec![1; 4]);
+    sim.d
+        .add_consumer(info(1, "a", 0, SubType::Failover))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.d
+        .add_consumer(info(2, "b", 0, SubType::Failover))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(1, 3);
+    sim.flow(2, 10);
+    assert_eq!(entries_of(&sim.pump()), vec![0, 1, 2]);
+    sim.ack_cumulative(1, 0);
+    let events = sim
+        .d
+        .remove_consumer(cid(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        events,
+        vec![Event::ActiveChanged {
+            consumer: cid(2),
+            is_active: true
+        }]
+    );
+    assert_eq!(sim.pump(), vec![(2, 1, 1), (2, 2, 1), (2, 3, 0)]);
+    // A higher-priority consumer joining takes over, with a rewind.
+    sim.d
+        .add_consumer(info(3, "c", -1, SubType::Failover))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(3, 10);
+    assert_eq!(sim.pump(), vec![(3, 1, 2), (3, 2, 2), (3, 3, 1)]);
+}
+
+#[test]
+fn cumulative_acks() {
+    // (sub type, delivered entries, cumulative ack at, result, unacked after)
+    let cases = [
+        (SubType::Exclusive, 5, 2, Ok(()), 2),
+        (SubType::Exclusive, 5, 4, Ok(()), 0),
+        (SubType::Failover, 3, 0, Ok(()), 2),
+        (
+            SubType::Shared,
+            3,
+            1,
+            Err(DispatchError::CumulativeAckOnShared),
+            3,
+        ),
+    ];
+    for (t, n, at, want, unacked) in cases {
+        let mut sim = Sim::new(DispatchLimits::default(), vec![1; n]);
+        sim.add(1, t);
+        sim.flow(1, 100);
+        assert_eq!(sim.pump().len(), n);
+        assert_eq!(sim.d.ack_cumulative(cid(1), pos(at)), want, "{t}");
+        assert_eq!(sim.d.stats().unacked_messages, unacked, "{t}");
+    }
+}
+
+#[test]
+fn a_read_answered_after_a_rewind_was_requested_is_dropped() {
+    let mut sim = Sim::new(DispatchLimits::default(), vec![1; 4]);
+    sim.add(1, SubType::Exclusive);
+    sim.flow(1, 2);
+    assert_eq!(entries_of(&sim.pump()), vec![0, 1]);
+    sim.flow(1, 10);
+    let t = sim.d.next_read().unwrap_or_else(|| panic!("a read"));
+    assert_eq!(t.plan(), &ReadPlan::Next { entries_max: 10 });
+    assert_eq!(sim.d.next_read(), None, "one read at a time");
+    sim.d
+        .redeliver(cid(1), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let late = vec![sim.entry(2), sim.entry(3)];
+    sim.read_after = 3;
+    assert!(sim.d.read_done(t, late).is_empty(), "stale read dropped");
+    let t = sim.d.next_read().unwrap_or_else(|| panic!("a rewind"));
+    assert_eq!(t.plan(), &ReadPlan::Rewind);
+    sim.d.read_failed(t);
+    let t = sim
+        .d
+        .next_read()
+        .unwrap_or_else(|| panic!("the rewind again"));
+    assert_eq!(t.plan(), &ReadPlan::Rewind);
+    sim.read_after = sim.mark_delete;
+    assert!(sim.d.read_done::<()>(t, Vec::new()).is_empty());
+    assert_eq!(sim.pump(), vec![(1, 0, 1), (1, 1, 1), (1, 2, 0), (1, 3, 0)]);
+}
+
+#[test]
+fn acks_during_a_replay_read_are_not_redelivered() {
+    let mut sim = Sim::new(DispatchLimits::default(), vec![1; 3]);
+    sim.add(1, SubType::Shared);
+    sim.flow(1, 3);
+    assert_eq!(sim.pump().len(), 3);
+    sim.d
+        .redeliver(cid(1), Some(&[pos(0), pos(1)]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.flow(1, 3);
+    let t = sim.d.next_read().unwrap_or_else(|| panic!("a read"));
+    assert_eq!(t.plan(), &ReadPlan::Replay(vec![pos(0), pos(1)]));
+    // The entries were read before the ack reached the cursor.
+    let read = vec![sim.entry(0), sim.entry(1)];
+    sim.d
+        .ack(cid(1), &[pos(0)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let sends = sim.d.read_done(t, read);
+    let got: Vec<i64> = sends.iter().map(|s| s.position.entry_id).collect();
+    assert_eq!(got, vec![1]);
+}
+
+#[test]
+fn a_failed_read_is_retried_and_a_full_sink_gets_its_entries_later() {
+    let limits = DispatchLimits {
+        round_robin_entries_max: 1,
+        ..DispatchLimits::default()
+    };
+    let mut sim = Sim::new(limits, vec![1; 4]);
+    sim.add(1, SubType::Shared);
+    sim.add(2, SubType::Shared);
+    sim.flow(1, 10);
+    sim.flow(2, 10);
+    let t = sim.d.next_read().unwrap_or_else(|| panic!("a read"));
+    let entries: Vec<ReadEntry<()>> = (0..4).map(|e| sim.entry(e)).collect();
+    sim.read_after = 3;
+    let sends = sim.d.read_done(t, entries);
+    assert_eq!(sends.len(), 4);
+    // Consumer 2's sink is full: its entries go back, permits returned.
+    for s in sends.iter().filter(|s| s.consumer == cid(2)) {
+        sim.d.send_failed(s);
+    }
+    let st = sim.d.stats();
+    assert_eq!(
+        (st.consumers[1].permits, st.consumers[1].writable),
+        (10, false)
+    );
+    assert_eq!(st.replay_entries, 2);
+    // Consumer 1 takes them (count unchanged: they were never delivered).
+    let t = sim.d.next_read().unwrap_or_else(|| panic!("a replay"));
+    assert_eq!(t.plan(), &ReadPlan::Replay(vec![pos(1), pos(3)]));
+    sim.d.read_failed(t);
+    assert_eq!(sim.pump(), vec![(1, 1, 0), (1, 3, 0)]);
+}
+
+#[test]
+fn a_reset_forgets_deliveries_and_counts_but_keeps_permits() {
+    let mut sim = Sim::new(DispatchLimits::default(), vec![1; 3]);
+    sim.add(1, SubType::Shared);
+    sim.flow(1, 10);
+    assert_eq!(sim.pump().len(), 3);
+    sim.d
+        .redeliver(cid(1), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sim.d.stats().redelivery_counts, 3);
+    sim.d.reset();
+    sim.read_after = -1;
+    let s = sim.d.stats();
+    assert_eq!(
+        (s.redelivery_counts, s.replay_entries, s.unacked_messages),
+        (0, 0, 0)
+    );
+    assert_eq!(s.consumers[0].permits, 7);
+    assert_eq!(sim.pump(), vec![(1, 0, 0), (1, 1, 0), (1, 2, 0)]);
+}
+
+#[test]
+fn redelivery_counts_are_bounded() {
+    let limits = DispatchLimits {
+        redelivery_counts_max: 2,
+        ..DispatchLimits::default()
+    };
+    let mut sim = Sim::new(limits, vec![1; 3]);
+    sim.add(1, SubType::Shared);
+    sim.flow(1, 10);
+    assert_eq!(sim.pump().len(), 3);
+    sim.d
+        .redeliver(cid(1), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s = sim.d.stats();
+    assert_eq!((s.redelivery_counts, s.redelivery_counts_dropped), (2, 1));
+    assert_eq!(sim.pump(), vec![(1, 0, 1), (1, 1, 1), (1, 2, 0)]);
+}
+
+#[test]
+fn reads_are_bounded_by_permits_the_batch_limit_and_the_subscription_room() {
+    // (read_entries_max, sub max, permits, expected entries_max)
+    let cases = [
+        (100, 200_000, 1000, 100),
+        (100, 200_000, 7, 7),
+        (100, 5, 1000, 5),
+    ];
+    for (read_max, sub_max, permits, want) in cases {
+        let mut d = Dispatcher::new(DispatchLimits {
+            read_entries_max: read_max,
+            unacked_messages_per_subscription_max: sub_max,
+            ..DispatchLimits::default()
+        });
+        d.add_consumer(info(1, "a", 0, SubType::Exclusive))
+            .unwrap_or_else(|e| panic!("{e}"));
+        d.flow(cid(1), permits).unwrap_or_else(|e| panic!("{e}"));
+        let t = d.next_read().unwrap_or_else(|| panic!("a read"));
+        assert_eq!(t.plan(), &ReadPlan::Next { entries_max: want });
+    }
+}
+
+/// Random consumers, permits, acks, nacks and departures on a model topic:
+/// no entry is ever held by two consumers, nothing goes to a consumer
+/// without permits, and once everyone acks everything every entry was
+/// delivered and nothing is left pending.
+#[test]
+fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
+    for seed in 0..200u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let t = match rng.random_range(0..3) {
+            0 => SubType::Shared,
+            1 => SubType::Failover,
+            _ => SubType::Exclusive,
+        };
+        let n = rng.random_range(1..40usize);
+        let topic: Vec<u32> = (0..n).map(|_| rng.random_range(1..4)).collect();
+        let limits = DispatchLimits {
+            unacked_messages_per_consumer_max: rng.random_range(2..20),
+            unacked_messages_per_subscription_max: rng.random_range(4..40),
+            read_entries_max: rng.random_range(1..8),
+            round_robin_entries_max: rng.random_range(1..4),
+            ..DispatchLimits::default()
+        };
+        let mut sim = Sim::new(limits, topic);
+        let mut next_id = 1u64;
+        let mut held: BTreeMap<i64, u64> = BTreeMap::new();
+        let mut delivered: BTreeSet<i64> = BTreeSet::new();
+        let mut permits: BTreeMap<u64, i64> = BTreeMap::new();
+        for _ in 0..rng.random_range(5..60) {
+            let ids = sim.d.consumer_ids();
+            match rng.random_range(0..10) {
+                0 | 1 if t != SubType::Exclusive || ids.is_empty() => {
+                    let prio = rng.random_range(0..3);
+                    sim.d
+                        .add_consumer(info(
+                            next_id,
+                            &format!("c{}", rng.random_range(0..5)),
+                            prio,
+                            t,
+                        ))
+                        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                    permits.insert(next_id, 0);
+                    next_id += 1;
+                }
+                2 if !ids.is_empty() => {
+                    let id = ids[rng.random_range(0..ids.len())];
+                    sim.d.remove_consumer(id).unwrap_or_else(|e| panic!("{e}"));
+                    held.retain(|_, c| *c != id.consumer);
+                    permits.remove(&id.consumer);
+                }
+                3..=5 if !ids.is_empty() => {
+                    let id = ids[rng.random_range(0..ids.len())];
+                    let p = rng.random_range(1..10);
+                    sim.flow(id.consumer, p);
+                    *permits.entry(id.consumer).or_default() += i64::from(p);
+                }
+                6 | 7 => {
+                    let mine: Vec<(i64, u64)> = held.iter().map(|(e, c)| (*e, *c)).collect();
+                    if let Some(&(e, c)) = mine.get(rng.random_range(0..mine.len().max(1))) {
+                        sim.ack(c, &[e]);
+                        held.remove(&e);
+                    }
+                }
+                8 if !ids.is_empty() => {
+                    let id = ids[rng.random_range(0..ids.len())];
+                    sim.d.redeliver(id, None).unwrap_or_else(|e| panic!("{e}"));
+                    if t == SubType::Shared {
+                        held.retain(|_, c| *c != id.consumer);
+                    } else if sim.d.active() == Some(id) {
+                        held.clear();
+                    }
+                }
+                _ => {}
+            }
+            if t != SubType::Shared && sim.d.stats().pending_entries == 0 {
+                held.clear();
+            }
+            for (c, e, _) in sim.pump() {
+                let p = permits.entry(c).or_default();
+                assert!(*p > 0, "seed {seed}: entry {e} to {c} without permits");
+                *p -= i64::from(sim.topic[usize::try_from(e).unwrap_or(0)]);
+                assert!(!sim.is_acked(e), "seed {seed}: acked entry {e} delivered");
+                if t == SubType::Shared {
+                    assert!(
+                        held.insert(e, c).is_none(),
+                        "seed {seed}: entry {e} held twice"
+                    );
+                } else {
+                    held.insert(e, c);
+                }
+                delivered.insert(e);
+            }
+        }
+        // Drain: one consumer with plenty of permits acks everything.
+        for id in sim.d.consumer_ids() {
+            sim.d.remove_consumer(id).unwrap_or_else(|e| panic!("{e}"));
+        }
+        sim.d
+            .add_consumer(info(1000, "drain", 0, t))
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..1000 {
+            sim.flow(1000, 1000);
+            let got = sim.pump();
+            if got.is_empty()
+                && sim.acked.len() + usize::try_from(sim.mark_delete + 1).unwrap_or(0) == n
+            {
+                break;
+            }
+            for (_, e, _) in got {
+                delivered.insert(e);
+                sim.ack(1000, &[e]);
+            }
+        }
+        assert_eq!(delivered.len(), n, "seed {seed}: every entry delivered");
+        assert_eq!(
+            sim.mark_delete + 1,
+            i64::try_from(n).unwrap_or(0),
+            "seed {seed}"
+        );
+        let s = sim.d.stats();
+        assert_eq!(
+            (s.pending_entries, s.unacked_messages),
+            (0, 0),
+            "seed {seed}"
+        );
+    }
+}

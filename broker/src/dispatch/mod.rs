@@ -1,0 +1,49 @@
+//! Subscription dispatch as plain state machines (issue 7 item 9; STYLE §2):
+//! who may consume (Exclusive, Failover, Shared), which consumer gets each
+//! entry (round-robin over consumers with permits, the active consumer),
+//! flow-control permits counted in messages (a batch entry counts its
+//! messages, pulsar.md G11), unacknowledged tracking with per-consumer and
+//! per-subscription limits, and redelivery with per-position counts.
+//!
+//! Promises: nothing here does I/O, spawns, sleeps or reads a clock. The
+//! caller ([`crate::subscription`]) asks [`Dispatcher::next_read`] what to
+//! read, reads it from the managed cursor, feeds the entries back with
+//! [`Dispatcher::read_done`] and sends what comes out; acks, flow permits,
+//! consumer changes and redelivery requests are inputs too.
+//!
+//! - Nothing is assigned to a consumer without permits (> 0 before the
+//!   entry); an entry of `n` messages takes `n` permits (permits may go
+//!   negative, as in Pulsar).
+//! - An entry is assigned to at most one consumer at a time: it is either
+//!   pending (delivered, unacked), queued for replay, being read, or behind
+//!   the cursor's read position (never read or rewound).
+//! - Redelivery (replay) is dispatched before new entries, in position order;
+//!   single-active subscriptions redeliver by rewinding the read position
+//!   to the mark-delete, so their order is the topic order.
+//! - A message delivered and taken back (redelivery request, consumer gone,
+//!   active consumer change, rewind) has its redelivery count raised by one;
+//!   counts are kept per position until it is acked or the subscription seeks.
+//!
+//! Bounds (all in [`DispatchLimits`]): consumers per subscription
+//! (`consumers_max`); pending (unacked) messages per consumer and per
+//! subscription (`unacked_messages_per_*_max`: over it, a consumer is blocked
+//! until it falls to half, the subscription stops dispatching until it falls
+//! to half); so pending entries ≤ the subscription limit + one read; the
+//! replay set ≤ pending + one read (new entries are read only while it is
+//! empty); entries per read (`read_entries_max`); redelivery counts kept
+//! (`redelivery_counts_max`: beyond it an increment for a new position is
+//! dropped and counted in [`DispatcherStats::redelivery_counts_dropped`]).
+//!
+//! Key_Shared is a later issue: it adds a [`SubType`] variant and a selector
+//! keyed by the entry's key next to [`Dispatcher`]'s round-robin selection
+//! (the caller would then pass a key extractor next to the message counter).
+
+mod dispatcher;
+mod failover;
+mod types;
+
+pub use dispatcher::{
+    Assignment, ConsumerStats, Dispatcher, DispatcherStats, Event, ReadEntry, ReadPlan, ReadTicket,
+};
+pub use failover::select_active;
+pub use types::{ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType};

@@ -1,0 +1,97 @@
+//! The broker's HTTP port (axum): `/health` (the process answers), `/ready`
+//! (metadata store reachable, a writable bookie quorum, topics loadable) and
+//! `/metrics` (Prometheus text). The admin API (`/admin/v2`) joins this
+//! router later.
+//!
+//! Promise: every handler is bounded in time (the metadata probe has a
+//! deadline) and answers JSON (`{"reason": ...}` on errors) except
+//! `/metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus::{Encoder, TextEncoder};
+
+use crate::service::BrokerState;
+
+/// Deadline of the metadata probe of `/ready`, in milliseconds.
+pub const READY_PROBE_TIMEOUT_MS: u64 = 2_000;
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response {
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn health() -> Response {
+    json(StatusCode::OK, serde_json::json!({"status": "ok"}))
+}
+
+async fn ready(State(s): State<Arc<BrokerState>>) -> Response {
+    let probe = tokio::time::timeout(
+        Duration::from_millis(READY_PROBE_TIMEOUT_MS),
+        s.store.exists(&s.layout.managed_ledgers()),
+    )
+    .await;
+    let metadata_ok = matches!(probe, Ok(Ok(Some(_))));
+    let writable = s.client.bookies().iter().filter(|b| b.writable).count();
+    let needed = s.replication.ensemble;
+    let bookies_ok = writable >= needed;
+    let serving = s.is_serving();
+    let body = serde_json::json!({
+        "metadata": metadata_ok,
+        "writable_bookies": writable,
+        "ensemble_size": needed,
+        "serving": serving,
+        "topics_loaded": s.topics.loaded().len(),
+    });
+    if metadata_ok && bookies_ok && serving {
+        json(StatusCode::OK, body)
+    } else {
+        json(StatusCode::SERVICE_UNAVAILABLE, body)
+    }
+}
+
+async fn metrics(State(s): State<Arc<BrokerState>>) -> Response {
+    let mut buf = Vec::new();
+    match TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            buf,
+        )
+            .into_response(),
+        Err(e) => json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({"reason": e.to_string()}),
+        ),
+    }
+}
+
+async fn not_found() -> Response {
+    json(
+        StatusCode::NOT_FOUND,
+        serde_json::json!({"reason": "no such endpoint"}),
+    )
+}
+
+/// The HTTP router.
+pub fn router(state: Arc<BrokerState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}

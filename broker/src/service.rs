@@ -1,0 +1,357 @@
+//! The broker service: shared state ([`BrokerState`]), start-up (metadata,
+//! ledger client, registration under `/cms/brokers`), the TCP accept loop
+//! of the Pulsar port with its connection limits, the HTTP server, and the
+//! orderly shutdown (stop accepting, close topics so cursors are persisted,
+//! deregister).
+//!
+//! Promises: a connection over `connections_max` or over
+//! `connections_per_ip_max` for its address is closed at once and counted;
+//! one connection's failure never touches another (each runs in its own
+//! task, invariant 9); on shutdown every loaded topic is closed before
+//! `run` returns.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cms_bookie::client::driver::{LedgerClient, LedgerClientOptions};
+use cms_bookie::metadata::layout::{Layout, read_cluster};
+use cms_bookie::metadata::{CreateMode, Expected, MetadataStore, join};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::config::{BrokerConfig, Mode, Replication};
+use crate::managed_ledger::io::{EntryCache, ManagedLedgerConfig};
+use crate::metrics::BrokerMetrics;
+use crate::topics::{TopicContext, Topics};
+
+/// Why the broker could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// A configuration value cannot work.
+    #[error(transparent)]
+    Config(#[from] crate::config::InvalidConfig),
+    /// The metadata store failed or is not initialised.
+    #[error("metadata store: {0}")]
+    Metadata(String),
+    /// The ledger client could not start.
+    #[error("ledger client: {0}")]
+    Ledger(String),
+    /// Binding or serving failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// What every connection and handler of the broker shares.
+pub struct BrokerState {
+    /// Configuration.
+    pub config: BrokerConfig,
+    /// Cluster or standalone.
+    pub mode: Mode,
+    /// E/Qw/Qa of new ledgers.
+    pub replication: Replication,
+    /// The metadata layout.
+    pub layout: Layout,
+    /// The metadata store.
+    pub store: Arc<dyn MetadataStore>,
+    /// The ledger client.
+    pub client: LedgerClient,
+    /// Loaded topics.
+    pub topics: Arc<Topics>,
+    /// Metrics.
+    pub metrics: BrokerMetrics,
+    /// The registry behind `/metrics`.
+    pub registry: prometheus::Registry,
+    /// Cluster name (from `/cms/cluster`).
+    pub cluster_name: String,
+    /// `pulsar://<advertised host>:<port>`: what LOOKUP answers.
+    pub service_url: String,
+    /// `http://<advertised host>:<port>`.
+    pub http_url: String,
+    producer_name_prefix: String,
+    producer_seq: AtomicU64,
+    conn_seq: AtomicU64,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    open_connections: AtomicU64,
+    serving: AtomicBool,
+    shutdown: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for BrokerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerState")
+            .field("service_url", &self.service_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerState {
+    /// A new producer name unique in the cluster: `<cluster>-<broker incarnation>-<n>`.
+    pub fn next_producer_name(&self) -> String {
+        let n = self.producer_seq.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.producer_name_prefix)
+    }
+
+    /// A new connection id (process-unique).
+    pub fn next_connection_id(&self) -> u64 {
+        self.conn_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether the broker accepts work (started, not shutting down).
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+
+    /// A receiver that turns `true` when the broker shuts down.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    fn lock_ips(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.per_ip.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a connection from `ip` under the limits.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnectionSlot> {
+        let total = self.open_connections.load(Ordering::Acquire);
+        if total >= self.config.connections_max as u64 {
+            return None;
+        }
+        let mut ips = self.lock_ips();
+        let n = ips.entry(ip).or_insert(0);
+        if *n >= self.config.connections_per_ip_max {
+            return None;
+        }
+        *n += 1;
+        self.open_connections.fetch_add(1, Ordering::AcqRel);
+        self.metrics.connections.inc();
+        Some(ConnectionSlot {
+            state: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// A connection's place under the limits; released on drop.
+pub struct ConnectionSlot {
+    state: Arc<BrokerState>,
+    ip: IpAddr,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut ips = self.state.lock_ips();
+        if let Some(n) = ips.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                ips.remove(&self.ip);
+            }
+        }
+        drop(ips);
+        self.state.open_connections.fetch_sub(1, Ordering::AcqRel);
+        self.state.metrics.connections.dec();
+    }
+}
+
+/// The ledger client options of the broker.
+pub fn ledger_client_options() -> LedgerClientOptions {
+    LedgerClientOptions::default()
+}
+
+/// Addresses actually bound (useful with port 0).
+#[derive(Debug, Clone, Copy)]
+pub struct BoundAddrs {
+    /// Pulsar protocol.
+    pub broker: SocketAddr,
+    /// HTTP.
+    pub http: SocketAddr,
+}
+
+/// Runs the broker over `store` until `shutdown` resolves, then closes every
+/// topic and returns. `on_bound` is told the bound addresses once serving.
+pub async fn run(
+    config: BrokerConfig,
+    mode: Mode,
+    store: Arc<dyn MetadataStore>,
+    shutdown: impl Future<Output = ()> + Send,
+    on_bound: impl FnOnce(BoundAddrs) + Send,
+) -> Result<(), BrokerError> {
+    config.validate(mode)?;
+    let layout =
+        Layout::new(&config.metadata_root).map_err(|e| BrokerError::Metadata(e.to_string()))?;
+    let cluster = read_cluster(&*store, &layout).await.map_err(|e| {
+        BrokerError::Metadata(format!(
+            "{e} (run `cms-broker init-cluster` against this store first)"
+        ))
+    })?;
+    let broker_listener = TcpListener::bind(config.broker_addr()?)
+        .await
+        .map_err(|e| BrokerError::Io(format!("binding {}: {e}", config.broker_bind)))?;
+    let http_listener = TcpListener::bind(config.http_addr()?)
+        .await
+        .map_err(|e| BrokerError::Io(format!("binding HTTP {}: {e}", config.http_bind)))?;
+    let broker_addr = broker_listener
+        .local_addr()
+        .map_err(|e| BrokerError::Io(e.to_string()))?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|e| BrokerError::Io(e.to_string()))?;
+    let host = config.advertised_host(broker_addr);
+    let service_url = format!("pulsar://{host}:{}", broker_addr.port());
+    let http_url = format!(
+        "http://{}:{}",
+        config.advertised_host(http_addr),
+        http_addr.port()
+    );
+
+    let client = LedgerClient::connect(store.clone(), layout.clone(), ledger_client_options())
+        .await
+        .map_err(|e| BrokerError::Ledger(e.to_string()))?;
+
+    // Registration: an ephemeral sequential node; its number makes producer
+    // names unique across broker restarts.
+    let reg = serde_json::json!({
+        "serviceUrl": service_url,
+        "webServiceUrl": http_url,
+        "cluster": cluster.name,
+    });
+    store
+        .create_all(&layout.brokers())
+        .await
+        .map_err(|e| BrokerError::Metadata(e.to_string()))?;
+    let (reg_path, _) = store
+        .create(
+            &join(
+                &layout.brokers(),
+                &format!("{host}:{}-", broker_addr.port()),
+            ),
+            reg.to_string().as_bytes(),
+            CreateMode::EphemeralSequential,
+        )
+        .await
+        .map_err(|e| BrokerError::Metadata(format!("registering the broker: {e}")))?;
+    let incarnation = reg_path
+        .rsplit('-')
+        .next()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+
+    let registry = prometheus::Registry::new();
+    let metrics = BrokerMetrics::new(&registry).map_err(|e| BrokerError::Io(e.to_string()))?;
+    let replication = config.replication(mode);
+    let ml_config = ManagedLedgerConfig {
+        ensemble_size: replication.ensemble,
+        write_quorum: replication.write_quorum,
+        ack_quorum: replication.ack_quorum,
+        ..ManagedLedgerConfig::default()
+    };
+    let topics = Topics::new(TopicContext {
+        client: client.clone(),
+        store: store.clone(),
+        layout: layout.clone(),
+        ml_config,
+        cache: EntryCache::new(config.entry_cache_bytes_max),
+        metrics: metrics.clone(),
+        allow_auto_topic_creation: config.allow_auto_topic_creation,
+        producers_per_topic_max: config.producers_per_topic_max,
+        topics_loaded_max: config.topics_loaded_max,
+        tick_interval_ms: config.topic_tick_interval_ms,
+    });
+    let state = Arc::new(BrokerState {
+        config,
+        mode,
+        replication,
+        layout,
+        store: store.clone(),
+        client,
+        topics: topics.clone(),
+        metrics,
+        registry,
+        cluster_name: cluster.name.clone(),
+        service_url: service_url.clone(),
+        http_url: http_url.clone(),
+        producer_name_prefix: format!("{}-{incarnation}", cluster.name),
+        producer_seq: AtomicU64::new(0),
+        conn_seq: AtomicU64::new(1),
+        per_ip: Mutex::new(HashMap::new()),
+        open_connections: AtomicU64::new(0),
+        serving: AtomicBool::new(false),
+        shutdown: watch::channel(false).0,
+    });
+
+    let mut stop_http = state.shutdown_signal();
+    let router = crate::http::router(state.clone());
+    let http = tokio::spawn(async move {
+        axum::serve(http_listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop_http.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    state.serving.store(true, Ordering::Release);
+    info!(
+        broker = %broker_addr,
+        http = %http_addr,
+        service_url = %service_url,
+        cluster = %cluster.name,
+        mode = ?mode,
+        "broker serving"
+    );
+    on_bound(BoundAddrs {
+        broker: broker_addr,
+        http: http_addr,
+    });
+
+    let accept = accept_loop(state.clone(), broker_listener);
+    tokio::pin!(accept);
+    tokio::select! {
+        _ = shutdown => info!("shutting down: closing topics"),
+        r = &mut accept => warn!(result = ?r, "accept loop ended"),
+    }
+    state.serving.store(false, Ordering::Release);
+    state.shutdown.send_replace(true);
+    topics.close_all().await;
+    if let Err(e) = store.delete(&reg_path, Expected::Any).await {
+        warn!(error = %e, "deregistering the broker");
+    }
+    match tokio::time::timeout(Duration::from_secs(5), http).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server"),
+        Ok(Err(e)) => warn!(error = %e, "HTTP task"),
+        Err(_) => warn!("HTTP server did not stop in 5 s"),
+    }
+    info!("broker stopped");
+    Ok(())
+}
+
+async fn accept_loop(state: Arc<BrokerState>, listener: TcpListener) -> std::io::Result<()> {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        state.metrics.connections_opened.inc();
+        let Some(slot) = state.admit(peer.ip()) else {
+            state.metrics.connections_refused.inc();
+            warn!(peer = %peer, "connection refused: connection limit reached");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            crate::connection::serve(state, stream, peer).await;
+            drop(slot);
+        });
+    }
+}

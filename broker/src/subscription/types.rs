@@ -1,0 +1,132 @@
+//! What the subscription layer takes and gives: consumer specs with their
+//! sinks, deliveries, settings, errors and figures.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::dispatch::{ConsumerId, DispatchError, DispatchLimits, DispatcherStats, SubType};
+use crate::managed_ledger::Position;
+use crate::managed_ledger::io::MlError;
+
+/// The number of messages in an entry (a batch counts its messages,
+/// pulsar.md G11), read from the stored bytes by the caller's codec. A
+/// result of 0 is taken as 1.
+pub type MessageCounter = Arc<dyn Fn(&[u8]) -> u32 + Send + Sync>;
+
+/// What a subscription sends to a consumer's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// An entry (a message or a batch) for the consumer.
+    Message {
+        /// The consumer.
+        consumer_id: ConsumerId,
+        /// The entry's position (ledger id, entry id).
+        position: Position,
+        /// Times it was delivered and taken back before.
+        redelivery_count: u32,
+        /// The stored entry bytes, untouched.
+        entry: Bytes,
+    },
+    /// Failover: the consumer became (in)active.
+    ActiveChanged {
+        /// The consumer.
+        consumer_id: ConsumerId,
+        /// Whether it is the active consumer now.
+        is_active: bool,
+    },
+}
+
+/// A consumer to attach.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    /// Its identity.
+    pub id: ConsumerId,
+    /// Its name (Failover orders by priority, then name).
+    pub name: String,
+    /// Priority level: lower is preferred.
+    pub priority: i32,
+    /// The subscription type asked for.
+    pub sub_type: SubType,
+    /// Where its deliveries go (bounded; owned by the connection). A full
+    /// sink pauses deliveries to this consumer; a closed one detaches it.
+    pub sink: mpsc::Sender<Delivery>,
+}
+
+/// Where a non-durable subscription (a reader) starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartPosition {
+    /// At the first stored entry.
+    Earliest,
+    /// After the last confirmed entry.
+    Latest,
+    /// At the first entry at or after this position.
+    At(Position),
+}
+
+/// Settings of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionConfig {
+    /// The dispatcher's bounds.
+    pub limits: DispatchLimits,
+    /// Longest single wait for new entries (or any other wake-up) before the
+    /// read task looks again, ms.
+    pub tail_wait_ms: u64,
+    /// Longest delay between retries of a failed read, ms (doubling from
+    /// 10 ms).
+    pub read_retry_delay_ms_max: u64,
+}
+
+impl Default for SubscriptionConfig {
+    fn default() -> Self {
+        Self {
+            limits: DispatchLimits::default(),
+            tail_wait_ms: 1_000,
+            read_retry_delay_ms_max: 5_000,
+        }
+    }
+}
+
+/// Why a subscription call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubError {
+    /// The dispatcher refused (consumer busy, type mismatch, unknown
+    /// consumer, cumulative ack on Shared, ...).
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+    /// The managed ledger or cursor failed.
+    #[error(transparent)]
+    Ml(#[from] MlError),
+    /// Unsubscribe while other consumers are attached.
+    #[error("subscription {subscription} has {others} other consumer(s) connected")]
+    OtherConsumersConnected {
+        /// The subscription.
+        subscription: String,
+        /// How many other consumers are attached.
+        others: usize,
+    },
+    /// The subscription was closed or unsubscribed.
+    #[error("subscription {0} is closed")]
+    Closed(String),
+}
+
+/// A subscription's figures (Pulsar's subscription stats, in part).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionStats {
+    /// Subscription name.
+    pub name: String,
+    /// Durable (a stored cursor) or a reader.
+    pub durable: bool,
+    /// Unacknowledged entries after the mark-delete (`msgBacklog`, counted
+    /// in entries: a batch counts once).
+    pub msg_backlog: u64,
+    /// The cursor's mark-delete position.
+    pub mark_delete: Position,
+    /// The cursor's read position.
+    pub read_position: Position,
+    /// Unacked messages, blocked flags, per-consumer permits and unacked.
+    pub dispatcher: DispatcherStats,
+    /// Why the read task stopped, if it stopped on an error.
+    pub failed: Option<String>,
+}
