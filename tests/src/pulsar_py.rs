@@ -5,7 +5,8 @@
 //! events merged in.
 //!
 //! Promises: a missing interpreter panics with the command that installs it
-//! (never a silent skip); every run is bounded (the child is killed at the
+//! (never a silent skip; the lookup is [`crate::cluster::python`]:
+//! `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`); every run is bounded (the child is killed at the
 //! bound and the test fails naming the script); a failed script's panic
 //! message holds its verdict line and the tail of its stderr (the C++
 //! client's log), so a failure explains itself.
@@ -14,58 +15,15 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use crate::cluster::{PYTHON_ENV, python, repo_root};
 use crate::history::{Event, EventKind, FaultEvent, HistoryError, load_jsonl};
-
-/// Environment variable naming the Python interpreter that has `pulsar-client`.
-pub const PYTHON_ENV: &str = "CMS_TEST_PYTHON";
-
-/// The pip requirement CI installs.
-pub const PULSAR_CLIENT_REQUIREMENT: &str = "pulsar-client==3.13.*";
 
 /// Lines of a failed script's stderr shown in the panic message.
 pub const STDERR_TAIL_LINES: usize = 60;
 
-/// The repository root (the parent of the `tests` crate).
-pub fn repo_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| manifest.to_path_buf())
-}
-
 /// The directory of the compatibility scripts.
 pub fn compat_dir() -> PathBuf {
     repo_root().join("tests/python/compat")
-}
-
-/// The interpreter with `pulsar-client`: `$CMS_TEST_PYTHON`, else
-/// `<repo>/.venv/bin/python`.
-///
-/// # Panics
-/// Naming the install command when neither exists.
-pub fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os(PYTHON_ENV) {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return p;
-        }
-        panic!(
-            "{PYTHON_ENV}={} does not exist; point it at a Python with \
-             `pip install '{PULSAR_CLIENT_REQUIREMENT}'`",
-            p.display()
-        );
-    }
-    let venv = repo_root().join(".venv/bin/python");
-    if venv.is_file() {
-        return venv;
-    }
-    panic!(
-        "no Python with pulsar-client: set {PYTHON_ENV}, or at the repo root run \
-         `python3 -m venv .venv && .venv/bin/pip install '{PULSAR_CLIENT_REQUIREMENT}'` \
-         (expected {})",
-        venv.display()
-    );
 }
 
 /// How one script run ended.

@@ -55,6 +55,8 @@ def main():
     p.add_argument("--history", required=True, help="JSON-lines file to write")
     p.add_argument("--count", type=int, default=300)
     p.add_argument("--sub", default="kill-run")
+    p.add_argument("--rate", type=float, default=200.0,
+                   help="at most this many sends per second (so a kill lands mid-run)")
     p.add_argument("--run-s", type=float, default=60.0,
                    help="stop producing and consuming after this long")
     args = u.parse(p)
@@ -74,7 +76,12 @@ def main():
 
     def produce():
         try:
+            started = time.monotonic()
             for i in range(args.count):
+                # Pacing: send i is not invoked before i / rate seconds.
+                pause = started + i / args.rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
                 payload = f"k-{i:06d}"
                 while time.monotonic() < stop_at:
                     rec.record("send", producer="p1", topic=topic, key=None, payload_id=payload,
