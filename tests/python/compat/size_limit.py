@@ -1,10 +1,16 @@
-"""Message size limit: a message just under the broker's max message size (and
-one of exactly that size) is accepted and delivered intact; one byte over is
-refused by the client with MessageTooBig; the producer and its connection keep
-working afterwards."""
+"""Message size limit: a message just under the broker's max message size is
+accepted and delivered intact; one byte over is refused by the client with
+MessageTooBig; the producer and its connection keep working afterwards.
+
+"Just under" is max - 64 bytes: the C++ client (4.2) counts the message
+metadata (about 25 bytes here) with the payload against the limit the broker
+advertised in CONNECTED, so max - 64 is within a few dozen bytes of the
+largest message a client can send at all."""
 import pulsar
 
 import compat_util as u
+
+UNDER_BY = 64
 
 
 def blob(size, seed):
@@ -23,23 +29,21 @@ def main():
     consumer = client.subscribe(topic, "size", initial_position=pulsar.InitialPosition.Earliest,
                                 receiver_queue_size=2)
     producer = client.create_producer(topic, send_timeout_millis=args.timeout_ms)
-    under = blob(args.max_bytes - 1024, 1)
-    at_max = blob(args.max_bytes, 2)
+    under = blob(args.max_bytes - UNDER_BY, 1)
     over = blob(args.max_bytes + 1, 3)
     results = {}
-    for name, data in (("under", under), ("at_max", at_max), ("over", over), ("after", b"small")):
+    for name, data in (("under", under), ("over", over), ("after", b"small")):
         try:
             producer.send(data)
             results[name] = "Ok"
         except Exception as e:  # noqa: BLE001
             results[name] = f"{type(e).__name__}: {e}"
     c.equal("just under the limit is accepted", results["under"], "Ok")
-    c.equal("exactly the limit is accepted", results["at_max"], "Ok")
     c.check("one byte over is refused with MessageTooBig",
             results["over"].startswith("MessageTooBig"), got=results["over"])
     c.equal("the producer keeps working after the refusal", results["after"], "Ok")
 
-    expected = [("under", under), ("at_max", at_max), ("after", b"small")]
+    expected = [("under", under), ("after", b"small")]
     expected = [(n, d) for n, d in expected if results[n] == "Ok"]
     got = []
     for _ in expected:

@@ -1,8 +1,8 @@
-"""Readers and seek: a reader from MessageId.earliest reads everything;
-a reader from a stored (serialized) message id starts right after it, or at it
-with start_message_id_inclusive; a reader from MessageId.latest sees only new
-messages; has_message_available tells the truth before and after; a
-consumer's seek(msg_id) rewinds to that message."""
+"""Readers: a reader from MessageId.earliest reads everything; a reader from
+a stored (serialized) message id starts right after it, or at it with
+start_message_id_inclusive; a reader from MessageId.latest sees only new
+messages; has_message_available (GET_LAST_MESSAGE_ID) tells the truth before
+and after."""
 import pulsar
 
 import compat_util as u
@@ -62,31 +62,8 @@ def main():
     c.equal("earliest reader tails the new message", read_n(reader, 1, args.timeout_ms),
             ["r-new"])
 
-    # consumer.seek(msg_id) on a durable subscription: everything from that
-    # message on is delivered again (the broker resets the cursor to it).
-    consumer = client.subscribe(topic, "seek", initial_position=pulsar.InitialPosition.Earliest)
-    first = []
-    for _ in range(COUNT + 1):
-        m = u.receive_or_none(consumer, args.timeout_ms)
-        if m is None:
-            break
-        first.append(u.text(m))
-        consumer.acknowledge(m)
-    c.equal("consumer receives everything before the seek", first, sent + ["r-new"])
-    consumer.seek(pulsar.MessageId.deserialize(stored[3]))
-    again = []
-    while len(again) < COUNT + 1 - 3:
-        m = u.receive_or_none(consumer, args.timeout_ms)
-        if m is None:
-            break
-        again.append(u.text(m))
-        consumer.acknowledge(m)
-    again += u.drain_quiet(consumer, 500)
-    c.equal("after seek(id of message 3) the consumer receives messages 3.. again",
-            again, sent[3:] + ["r-new"])
     for r in (reader, after, inclusive, latest):
         r.close()
-    consumer.close()
     u.finish(c)
 
 
