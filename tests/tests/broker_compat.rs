@@ -46,7 +46,9 @@ async fn case(url: &str, script: &str, case: &str, extra: &[String]) -> ScriptRu
     let topic = unique_topic(case);
     let mut args = base_args(url, &topic, SCRIPT_TIMEOUT_MS);
     args.extend(extra.iter().cloned());
-    run(script, &args, SCRIPT_TIMEOUT_MS).await
+    let r = run(script, &args, SCRIPT_TIMEOUT_MS).await;
+    eprintln!("{}: exit {:?}, verdict {}", r.command, r.code, r.json);
+    r
 }
 
 /// Fails with every failed run's explanation (all runs of a group are made
