@@ -334,7 +334,8 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_key() {
-        let table: Vec<(&str, Box<dyn Fn(&mut BrokerConfig)>)> = vec![
+        type Edit = Box<dyn Fn(&mut BrokerConfig)>;
+        let table: Vec<(&str, Edit)> = vec![
             ("broker_bind", Box::new(|c| c.broker_bind = "nope".into())),
             ("http_bind", Box::new(|c| c.http_bind = "1.2.3.4".into())),
             ("metadata_url", Box::new(|c| c.metadata_url = "x://".into())),
