@@ -106,16 +106,14 @@ impl ScriptChild {
     /// When the bound passes (the child is killed) or waiting fails.
     pub async fn finish(self, timeout_ms: u64) -> ScriptRun {
         let ScriptChild { command, child } = self;
-        let out = match tokio::time::timeout(
-            Duration::from_millis(timeout_ms),
-            child.wait_with_output(),
-        )
-        .await
-        {
-            Ok(Ok(out)) => out,
-            Ok(Err(e)) => panic!("waiting for {command}: {e}"),
-            Err(_) => panic!("{command} did not finish within {timeout_ms} ms (killed)"),
-        };
+        let out =
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), child.wait_with_output())
+                .await
+            {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) => panic!("waiting for {command}: {e}"),
+                Err(_) => panic!("{command} did not finish within {timeout_ms} ms (killed)"),
+            };
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let json = stdout
             .lines()
@@ -152,7 +150,11 @@ pub fn base_args(service_url: &str, topic: &str, timeout_ms: u64) -> Vec<String>
 
 /// A topic name unique to this test process and call: `<prefix>-<pid>-<nanos>`.
 pub fn unique_topic(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), wall_clock_ns() % 1_000_000_000_000)
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        wall_clock_ns() % 1_000_000_000_000
+    )
 }
 
 /// Nanoseconds since the Unix epoch (CLOCK_REALTIME). The scripts stamp
@@ -266,25 +268,27 @@ pub fn client_resends_across(events: Vec<Event>, fault: &str) -> Vec<Event> {
     spanning.sort();
     let at_ns = events[fault_pos].at_ns;
     let mut out = events;
-    let inserted = spanning.into_iter().flat_map(|((producer, topic, payload_id), key)| {
-        let send = |op| Event {
-            index: 0,
-            at_ns,
-            kind: EventKind::Send(SendEvent {
-                producer: producer.clone(),
-                topic: topic.clone(),
-                key: key.clone(),
-                payload_id: payload_id.clone(),
-                op,
-            }),
-        };
-        [
-            send(SendOp::Unknown {
-                reason: format!("in flight at `{fault}`; the client resends it on reconnect"),
-            }),
-            send(SendOp::Invoked),
-        ]
-    });
+    let inserted = spanning
+        .into_iter()
+        .flat_map(|((producer, topic, payload_id), key)| {
+            let send = |op| Event {
+                index: 0,
+                at_ns,
+                kind: EventKind::Send(SendEvent {
+                    producer: producer.clone(),
+                    topic: topic.clone(),
+                    key: key.clone(),
+                    payload_id: payload_id.clone(),
+                    op,
+                }),
+            };
+            [
+                send(SendOp::Unknown {
+                    reason: format!("in flight at `{fault}`; the client resends it on reconnect"),
+                }),
+                send(SendOp::Invoked),
+            ]
+        });
     let tail = out.split_off(fault_pos + 1);
     out.extend(inserted);
     out.extend(tail);
@@ -350,9 +354,12 @@ mod tests {
             .collect()
     }
 
+    /// (index, at_ns) of script events; fault times; expected order.
+    type MergeCase<'a> = (&'a [(u64, u64)], &'a [u64], &'a [&'a str]);
+
     #[test]
     fn faults_go_before_the_first_event_stamped_after_them() {
-        let table: &[(&[(u64, u64)], &[u64], &[&str])] = &[
+        let table: &[MergeCase] = &[
             // (index, at_ns) of script events; fault times; expected order.
             (
                 &[(0, 100), (1, 200), (2, 300)],
@@ -360,7 +367,11 @@ mod tests {
                 &["ack 0", "ack 1", "fault at 250", "ack 2"],
             ),
             (&[(0, 100)], &[50], &["fault at 50", "ack 0"]),
-            (&[(0, 100)], &[100, 500], &["ack 0", "fault at 100", "fault at 500"]),
+            (
+                &[(0, 100)],
+                &[100, 500],
+                &["ack 0", "fault at 100", "fault at 500"],
+            ),
             // Script order wins over a clock that stepped back.
             (
                 &[(0, 300), (1, 200)],
@@ -411,13 +422,17 @@ mod tests {
         let shape: Vec<String> = out
             .iter()
             .map(|e| match &e.kind {
-                EventKind::Send(s) => format!("{} {:?}", s.payload_id, std::mem::discriminant(&s.op)),
+                EventKind::Send(s) => {
+                    format!("{} {:?}", s.payload_id, std::mem::discriminant(&s.op))
+                }
                 EventKind::Fault(_) => "fault".into(),
                 _ => "other".into(),
             })
             .collect();
         let d = |op: SendOp| format!("{:?}", std::mem::discriminant(&op));
-        let unknown = d(SendOp::Unknown { reason: String::new() });
+        let unknown = d(SendOp::Unknown {
+            reason: String::new(),
+        });
         let invoked = d(SendOp::Invoked);
         let ack = d(acked(0));
         assert_eq!(

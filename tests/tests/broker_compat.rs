@@ -19,8 +19,8 @@ use cms_tests::harness::wait::eventually;
 use cms_tests::harness::zookeeper::ZooKeeper;
 use cms_tests::history::{CheckOptions, EventKind, SendOp, check};
 use cms_tests::pulsar_py::{
-    ScriptRun, StampedFault, base_args, client_resends_across, count_lines_containing, load_history_with_faults, run,
-    spawn, unique_topic,
+    ScriptRun, StampedFault, base_args, client_resends_across, count_lines_containing,
+    load_history_with_faults, run, spawn, unique_topic,
 };
 
 /// Bound on one ordinary script run, in milliseconds.
@@ -83,7 +83,15 @@ async fn batching_with_each_compression(url: &str) -> Vec<ScriptRun> {
     let mut runs = Vec::new();
     for c in COMPRESSIONS {
         let name = format!("batch-{}", c.to_lowercase());
-        runs.push(case(url, "batch_compression.py", &name, &[format!("--compression={c}")]).await);
+        runs.push(
+            case(
+                url,
+                "batch_compression.py",
+                &name,
+                &[format!("--compression={c}")],
+            )
+            .await,
+        );
     }
     runs
 }
@@ -134,7 +142,9 @@ async fn kill_9_mid_consume_and_ack(broker: &mut BrokerNode, label: &str) {
     eventually(
         &format!("the consumer logged {KILL_RUN_ACKS_BEFORE_KILL} acks"),
         30_000,
-        || async { count_lines_containing(&history, "\"event\": \"ack\"") >= KILL_RUN_ACKS_BEFORE_KILL },
+        || async {
+            count_lines_containing(&history, "\"event\": \"ack\"") >= KILL_RUN_ACKS_BEFORE_KILL
+        },
     )
     .await;
     let killed = StampedFault::now(KILL_FAULT);
