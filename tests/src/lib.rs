@@ -5,3 +5,4 @@ pub mod cluster;
 pub mod conformance;
 pub mod harness;
 pub mod history;
+pub mod pulsar_py;
