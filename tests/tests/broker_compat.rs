@@ -224,7 +224,6 @@ async fn standalone_readers_from_earliest_latest_and_a_stored_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug: seek keeps the consumer attached, so acks the client flushes after SEEK undo the rewind (compat-findings F2)"]
 async fn standalone_consumer_seek_rewinds() {
     let broker = BrokerNode::start_standalone(&[]).await;
     case(&broker.service_url(), "consumer_seek.py", "seek", &[])
@@ -267,7 +266,6 @@ async fn standalone_message_size_limit_configured() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug: a message just under the default 5 MiB limit exceeds the ledger client's entry bound and fails the topic (compat-findings F1)"]
 async fn standalone_message_size_limit_default() {
     size_limit(&[], cms_broker::config::MESSAGE_BYTES_MAX_DEFAULT).await;
 }

@@ -60,7 +60,11 @@ impl Default for WriterConfig {
         WriterConfig {
             outstanding_adds_max: 1000,
             outstanding_bytes_max: 64 * 1024 * 1024,
-            entry_payload_bytes_max: 5 * 1024 * 1024 - 1024,
+            // What a bookie accepts by default, less the entry header and
+            // digest: a Pulsar message of the default 5 MiB plus its metadata
+            // and frame padding fits.
+            entry_payload_bytes_max: crate::server::core::ENTRY_BYTES_MAX_DEFAULT
+                - crate::entry::PREFIX_BYTES,
             add_timeout_ms: 5000,
             explicit_lac_interval_ms: 1000,
         }
