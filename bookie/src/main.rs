@@ -16,7 +16,9 @@ use cms_bookie::metadata::zk::ZkOptions;
 use cms_bookie::server::BookieConfig;
 use cms_bookie::server::cookie::{BookieDirs, format};
 use cms_common::config::{ConfigError, exit_config_error, to_toml};
-use cms_common::{ConfigFileArgs, LogArgs, init_logging, load_config_or_exit};
+use cms_common::{
+    ConfigFileArgs, LogArgs, init_logging, load_config_or_exit, run_main, shutdown_signal,
+};
 use serde::{Deserialize, Serialize};
 
 /// Environment variables `CMS_BOOKIE_<KEY>` override the config file.
@@ -172,19 +174,19 @@ fn main() -> ExitCode {
     match cli.command {
         Command::InitCluster { file, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_init_cluster(sub, &file))
+            run_main(run_init_cluster(sub, &file))
         }
         Command::Serve { file, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_serve(sub, &file))
+            run_main(run_serve(sub, &file))
         }
         Command::Format { file, yes, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_format(sub, &file, yes))
+            run_main(run_format(sub, &file, yes))
         }
         Command::Autorecovery { file, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_autorecovery(sub, &file))
+            run_main(run_autorecovery(sub, &file))
         }
         Command::Decommission {
             bookie,
@@ -193,11 +195,11 @@ fn main() -> ExitCode {
             ..
         } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_decommission(sub, &file, bookie, timeout_s))
+            run_main(run_decommission(sub, &file, bookie, timeout_s))
         }
         Command::ListUnderreplicated { file, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_list_underreplicated(sub, &file))
+            run_main(run_list_underreplicated(sub, &file))
         }
         Command::Readonly {
             bookie,
@@ -207,31 +209,11 @@ fn main() -> ExitCode {
             ..
         } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_readonly(sub, &file, bookie, state == "on", timeout_s))
+            run_main(run_readonly(sub, &file, bookie, state == "on", timeout_s))
         }
         Command::Ledger { id, file, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run(run_ledger(sub, &file, id))
-        }
-    }
-}
-
-fn run(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(fut) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(1)
+            run_main(run_ledger(sub, &file, id))
         }
     }
 }
@@ -303,22 +285,7 @@ async fn run_serve(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow::Resul
     let Some(config) = load_bookie_config(matches, file) else {
         return Ok(());
     };
-    let shutdown = async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot listen for SIGTERM");
-                    std::future::pending::<()>().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        }
-    };
-    cms_bookie::server::run(config, shutdown)
+    cms_bookie::server::run(config, shutdown_signal())
         .await
         .context("bookie")
 }
@@ -349,21 +316,6 @@ async fn run_format(matches: &ArgMatches, file: &ConfigFileArgs, yes: bool) -> a
         cookie.bookie_id, cookie.incarnation
     );
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            std::future::pending::<()>().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-    }
 }
 
 async fn run_autorecovery(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow::Result<()> {

@@ -12,7 +12,9 @@ use cms_bookie::metadata::layout::{InitOutcome, Layout};
 use cms_bookie::metadata::zk::ZkOptions;
 use cms_broker::config::{BrokerConfig, Mode};
 use cms_common::config::{ConfigError, exit_config_error, to_toml};
-use cms_common::{ConfigFileArgs, LogArgs, init_logging, load_config_or_exit};
+use cms_common::{
+    ConfigFileArgs, LogArgs, init_logging, load_config_or_exit, run_main, shutdown_signal,
+};
 use serde::{Deserialize, Serialize};
 
 /// Environment variables `CMS_BROKER_<KEY>` override the config file.
@@ -88,29 +90,9 @@ fn main() -> ExitCode {
     }
     let sub = matches.subcommand().map(|(_, m)| m).unwrap_or(&matches);
     match cli.command {
-        Command::InitCluster { file, .. } => run(run_init_cluster(sub, &file)),
-        Command::Serve { file, .. } => run(run_broker(sub, &file, Mode::Cluster)),
-        Command::Standalone { file, .. } => run(run_broker(sub, &file, Mode::Standalone)),
-    }
-}
-
-fn run(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(fut) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(1)
-        }
+        Command::InitCluster { file, .. } => run_main(run_init_cluster(sub, &file)),
+        Command::Serve { file, .. } => run_main(run_broker(sub, &file, Mode::Cluster)),
+        Command::Standalone { file, .. } => run_main(run_broker(sub, &file, Mode::Standalone)),
     }
 }
 
@@ -171,21 +153,6 @@ async fn run_init_cluster(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
         ),
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            std::future::pending::<()>().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-    }
 }
 
 async fn run_broker(matches: &ArgMatches, file: &ConfigFileArgs, mode: Mode) -> anyhow::Result<()> {

@@ -11,9 +11,12 @@
 //!   the command line. Unknown keys and bad values are one-line errors naming the
 //!   key and where it came from; binaries exit with code 2 on them.
 //! - [`logging`]: `tracing` with an env filter and `--log-format text|json`.
+//! - [`process`]: the runtime around `main` and the shutdown signal.
 
 pub mod config;
 pub mod logging;
+pub mod process;
 
 pub use config::{ConfigError, ConfigFileArgs, load_config, load_config_or_exit};
 pub use logging::{LogArgs, LogFormat, init_logging};
+pub use process::{run_main, shutdown_signal};
