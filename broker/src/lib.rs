@@ -7,6 +7,7 @@
 //!   its async I/O layer over the ledger client);
 //! - [`config`] — `cms-broker serve` / `standalone` options;
 //! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
+//! - [`partitioned`] — partitioned-topic metadata (partition counts);
 //! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
 //!   subscriptions over a managed cursor;
 //! - [`producers`] — access modes and producer bounds of a topic (pure);
@@ -24,6 +25,7 @@ pub mod dispatch;
 pub mod http;
 pub mod managed_ledger;
 pub mod metrics;
+pub mod partitioned;
 pub mod producers;
 pub mod service;
 pub mod standalone;
