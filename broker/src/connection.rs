@@ -49,6 +49,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::consumers::Consumers;
 use crate::managed_ledger::io::managed_ledger::PendingAppend;
+use crate::ownership::{LookupAnswer, OwnershipError};
 use crate::producers::{AccessMode, ProducerRefusal, ProducerRequest};
 use crate::service::BrokerState;
 use crate::topic_name::TopicName;
@@ -72,6 +73,18 @@ pub fn topic_error_reply(e: &TopicError) -> ErrorReply {
         // "is being unloaded" keeps the client's connection open (G7).
         TopicError::ServiceNotReady(m) => (ServerError::ServiceNotReady, m.clone()),
         TopicError::Persistence(m) => (ServerError::PersistenceError, m.clone()),
+    }
+}
+
+/// Maps an ownership error to the Pulsar error of a failed lookup.
+pub fn ownership_error_reply(e: &OwnershipError) -> ErrorReply {
+    match e {
+        OwnershipError::NoNamespace(_) => (ServerError::TopicNotFound, e.to_string()),
+        OwnershipError::BadPolicy { .. } | OwnershipError::Metadata(_) => {
+            (ServerError::MetadataError, e.to_string())
+        }
+        // Retryable; "is being unloaded" keeps the connection (G7).
+        OwnershipError::Unavailable(_) => (ServerError::ServiceNotReady, e.to_string()),
     }
 }
 
@@ -498,20 +511,28 @@ impl Conn {
     }
 
     async fn on_lookup(&self, c: &CommandLookupTopic) {
-        match self.check_topic(&c.topic).await {
-            Ok(_) => {
-                self.send(commands::lookup_response_connect(
-                    c.request_id,
-                    &self.state.service_url,
-                    true,
-                ))
-                .await
+        let reply = match self.check_topic(&c.topic).await {
+            Ok(name) => {
+                let authoritative = c.authoritative.unwrap_or(false);
+                match self.state.ownership.lookup(&name, authoritative).await {
+                    Ok(LookupAnswer::Connect) => commands::lookup_response_connect(
+                        c.request_id,
+                        &self.state.service_url,
+                        true,
+                    ),
+                    // Authoritative, or proxies loop (G10).
+                    Ok(LookupAnswer::Redirect { service_url, .. }) => {
+                        commands::lookup_response_redirect(c.request_id, &service_url, true)
+                    }
+                    Err(e) => {
+                        let (code, msg) = ownership_error_reply(&e);
+                        commands::lookup_response_failed(c.request_id, code, msg)
+                    }
+                }
             }
-            Err((code, msg)) => {
-                self.send(commands::lookup_response_failed(c.request_id, code, msg))
-                    .await
-            }
-        }
+            Err((code, msg)) => commands::lookup_response_failed(c.request_id, code, msg),
+        };
+        self.send(reply).await
     }
 
     async fn on_partitioned_metadata(&self, c: &CommandPartitionedTopicMetadata) {
@@ -557,9 +578,26 @@ impl Conn {
     pub async fn load_topic(&self, topic: &str, create: bool) -> Result<Arc<Topic>, ErrorReply> {
         let name =
             TopicName::parse(topic).map_err(|e| (ServerError::InvalidTopicName, e.to_string()))?;
+        // Only the bundle's owner serves a topic (invariant 5); the client
+        // looks the topic up again on ServiceNotReady.
+        let owned = || async {
+            self.state
+                .ownership
+                .check_owned(&name)
+                .await
+                .map_err(|m| (ServerError::ServiceNotReady, m))
+        };
+        owned().await?;
         let load = self.state.topics.get_or_load(&name, create);
         match tokio::time::timeout(Duration::from_millis(TOPIC_LOAD_TIMEOUT_MS), load).await {
-            Ok(Ok(t)) => Ok(t),
+            Ok(Ok(t)) => {
+                // Ownership may have been lost while the topic loaded.
+                if let Err(e) = owned().await {
+                    self.state.topics.unload(&t, "bundle not owned").await;
+                    return Err(e);
+                }
+                Ok(t)
+            }
             Ok(Err(e)) => Err(topic_error_reply(&e)),
             Err(_) => Err((
                 ServerError::ServiceNotReady,

@@ -16,6 +16,8 @@
 //!   Pulsar protocol port: accept loop with connection limits, one task per
 //!   connection, consumer commands on the topic's subscriptions;
 //! - [`http`], [`metrics`] — `/health`, `/ready`, `/metrics`;
+//! - [`ownership`] — namespace bundles, ownership nodes, lookup decisions,
+//!   load reports and placement;
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
 pub mod config;
@@ -25,6 +27,7 @@ pub mod dispatch;
 pub mod http;
 pub mod managed_ledger;
 pub mod metrics;
+pub mod ownership;
 pub mod partitioned;
 pub mod producers;
 pub mod service;
