@@ -51,6 +51,31 @@ use crate::topics::Topics;
 /// Watchdog period bound, in milliseconds (it also scales with the timeout).
 const WATCHDOG_PERIOD_MS_MAX: u64 = 100;
 
+/// How long a reachability probe of another broker may take, in milliseconds.
+const REACHABLE_PROBE_TIMEOUT_MS: u64 = 500;
+/// Poll period while waiting for a dead owner's node to expire, in milliseconds.
+const OWNER_GONE_POLL_MS: u64 = 100;
+
+/// Whether `pulsar://host:port` accepts a TCP connection. Only a refused or
+/// failed connection counts as unreachable; a timeout (a stopped process
+/// still completes handshakes from its backlog, or a slow network) counts as
+/// reachable, since it proves nothing.
+async fn reachable(service_url: &str) -> bool {
+    let Some(addr) = service_url.strip_prefix("pulsar://") else {
+        return true;
+    };
+    let addr = addr.trim_end_matches('/').to_string();
+    match tokio::time::timeout(
+        Duration::from_millis(REACHABLE_PROBE_TIMEOUT_MS),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    {
+        Ok(Ok(_)) | Err(_) => true,
+        Ok(Err(_)) => false,
+    }
+}
+
 /// Why an ownership operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OwnershipError {
@@ -349,6 +374,17 @@ impl Ownership {
                     let rec: OwnerRecord = serde_json::from_slice(&data).map_err(|e| {
                         OwnershipError::Metadata(format!("ownership node {path}: {e}"))
                     })?;
+                    if !reachable(&rec.service_url).await {
+                        // The owner's process is gone (connection refused)
+                        // but its session has not expired yet: wait for the
+                        // node to go rather than send the client to a dead
+                        // address (each failed attempt doubles its backoff).
+                        // A hint only: ownership still moves only when the
+                        // node is gone.
+                        if self.wait_gone(&path).await? {
+                            continue;
+                        }
+                    }
                     return Ok(LookupAnswer::Redirect {
                         service_url: rec.service_url,
                         http_url: rec.http_url,
@@ -361,7 +397,16 @@ impl Ownership {
             let take_it = if authoritative {
                 !me_draining
             } else {
-                let candidates = self.candidates().await?;
+                let mut candidates = self.candidates().await?;
+                // Skip brokers whose port refuses connections (dead, session
+                // not yet expired).
+                let mut live = Vec::with_capacity(candidates.len());
+                for c in candidates.drain(..) {
+                    if c.id == self.cfg.broker_id || reachable(&c.registration.service_url).await {
+                        live.push(c);
+                    }
+                }
+                let candidates = live;
                 match choose_broker(&key.to_string(), &candidates) {
                     None => {
                         return Err(OwnershipError::Unavailable(format!(
@@ -392,6 +437,21 @@ impl Ownership {
         Err(OwnershipError::Unavailable(format!(
             "Namespace bundle {key}: ownership is changing, retry"
         )))
+    }
+
+    /// Waits (bounded by the session timeout plus a second) for the node at
+    /// `path` to disappear; true if it did.
+    async fn wait_gone(&self, path: &str) -> Result<bool, OwnershipError> {
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.session_timeout_ms + 1_000);
+        while Instant::now() < deadline {
+            match self.store.exists(path).await {
+                Ok(None) | Err(MetadataError::NoNode(_)) => return Ok(true),
+                Ok(Some(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tokio::time::sleep(Duration::from_millis(OWNER_GONE_POLL_MS)).await;
+        }
+        Ok(false)
     }
 
     async fn acquire(&self, key: &BundleKey, path: &str) -> Result<(), MetadataError> {
