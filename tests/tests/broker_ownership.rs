@@ -75,7 +75,22 @@ impl Cluster {
 /// The owner's `brokerUrl` of `topic` (in `public/default`) through the
 /// HTTP lookup of the broker at `http`, following its 307 redirect.
 async fn http_lookup(http: std::net::SocketAddr, topic: &str) -> Result<String, String> {
+    http_lookup_with(http, topic, true).await
+}
+
+/// As [`http_lookup`]; without `follow`, a redirect is an error.
+async fn http_lookup_with(
+    http: std::net::SocketAddr,
+    topic: &str,
+    follow: bool,
+) -> Result<String, String> {
+    let policy = if follow {
+        reqwest::redirect::Policy::limited(5)
+    } else {
+        reqwest::redirect::Policy::none()
+    };
     let client = reqwest::Client::builder()
+        .redirect(policy)
         .timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?;
@@ -355,6 +370,24 @@ async fn a_stopped_owner_is_replaced_and_cannot_acknowledge_after_it_resumes() {
     let topic = "zombie-0".to_string();
     let stop = c.stop_file("stop");
     let stop_s = stop.to_string_lossy().to_string();
+    // The subscription exists from the start (without one, retention 0 lets
+    // the new owner trim the recovered ledger).
+    let now = c.stop_file("now");
+    touch(&now);
+    let now_s = now.to_string_lossy().to_string();
+    let sub = Script::spawn(&[
+        "consume",
+        "--url",
+        &url,
+        "--topics",
+        &topic,
+        "--stop-file",
+        &now_s,
+        "--idle-ms",
+        "0",
+    ]);
+    let (ok, _, json, err) = sub.finish().await;
+    assert!(ok, "subscribing failed: {json} {err}");
     let p1 = Script::spawn(&[
         "produce",
         "--url",
@@ -377,7 +410,7 @@ async fn a_stopped_owner_is_replaced_and_cannot_acknowledge_after_it_resumes() {
     // (4 s); a lookup through it assigns it to itself.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match http_lookup(c.brokers[other].http(), &topic).await {
+        match http_lookup_with(c.brokers[other].http(), &topic, false).await {
             Ok(u) if u == c.brokers[other].service_url() => break,
             _ => {}
         }
