@@ -276,7 +276,12 @@ pub async fn run(
             service_url: service_url.clone(),
             http_url: http_url.clone(),
             cluster: cluster.name.clone(),
-            session_timeout_ms: config.metadata_session_timeout_ms,
+            // The granted timeout can be lower than the requested one.
+            session_timeout_ms: store
+                .negotiated_session_timeout_ms()
+                .map_or(config.metadata_session_timeout_ms, |n| {
+                    n.min(config.metadata_session_timeout_ms)
+                }),
             load_report_interval_ms: config.load_report_interval_ms,
         },
         store.clone(),

@@ -137,7 +137,9 @@ impl Script {
         let reader = tokio::spawn(async move {
             let mut r = BufReader::new(stdout).lines();
             while let Ok(Some(l)) = r.next_line().await {
-                sink.lock().unwrap().push((Instant::now(), l));
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((Instant::now(), l));
             }
         });
         Script {
@@ -148,7 +150,7 @@ impl Script {
     }
 
     fn snapshot(&self) -> Vec<(Instant, String)> {
-        self.lines.lock().unwrap().clone()
+        self.lines.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Polls until `pred` holds on the lines so far, or panics after `ms`.
@@ -185,7 +187,7 @@ impl Script {
         let lines: Vec<String> = self
             .lines
             .lock()
-            .unwrap()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .map(|(_, l)| l.clone())
             .collect();
