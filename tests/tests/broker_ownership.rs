@@ -324,6 +324,9 @@ async fn lookups_spread_topics_and_kill_9_of_an_owner_loses_nothing() {
     let mut c = c;
     let killed_at = Instant::now();
     c.brokers[victim].process.kill();
+    if std::env::var("OWN_DEBUG").is_ok() {
+        println!("killed at {:?}", std::time::SystemTime::now());
+    }
     // Producers resume on the survivor.
     let moved2 = moved.clone();
     producer

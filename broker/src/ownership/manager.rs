@@ -439,10 +439,12 @@ impl Ownership {
         )))
     }
 
-    /// Waits (bounded by the session timeout plus a second) for the node at
+    /// Waits (bounded by twice the session timeout: ZooKeeper expires a
+    /// session between one timeout and one timeout plus a tick after its
+    /// last contact, and a tick is at most half the timeout) for the node at
     /// `path` to disappear; true if it did.
     async fn wait_gone(&self, path: &str) -> Result<bool, OwnershipError> {
-        let deadline = Instant::now() + Duration::from_millis(self.cfg.session_timeout_ms + 1_000);
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.session_timeout_ms * 2);
         while Instant::now() < deadline {
             match self.store.exists(path).await {
                 Ok(None) | Err(MetadataError::NoNode(_)) => return Ok(true),
