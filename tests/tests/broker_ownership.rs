@@ -11,7 +11,10 @@
 //!   SIGCONT the old owner cannot acknowledge anything more (it stops), and
 //!   consumers see one linear history with every acknowledged message;
 //! - SIGTERM of an owner releases its bundles after closing its topics:
-//!   clients move with no error and no loss.
+//!   clients move with no error and no loss;
+//! - an owner cut off from ZooKeeper (chaos proxy, P0-5) stops
+//!   acknowledging before its session can expire and another broker takes
+//!   over; one gap-free history.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -561,4 +564,144 @@ async fn sigterm_of_an_owner_moves_its_topics_without_client_errors() {
     let (ok, clines, cjson, cerr) = consumer.finish().await;
     assert!(ok, "consumer failed: {cjson} {cerr}");
     check_history(&pairs(&plines, "ACK"), &pairs(&clines, "REC"));
+}
+
+/// RELIABILITY P0-5: the owner reaches bookies and clients but not
+/// ZooKeeper (a chaos proxy in front of ZooKeeper swallows its traffic). It
+/// stops acknowledging within 2/3 of the session timeout, before its session
+/// can expire; only then does the other broker take over. One gap-free
+/// history, and the cut-off broker stops once it learns its session expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_cut_off_from_zookeeper_stops_acknowledging_before_another_takes_over() {
+    use cms_tests::chaos::{ChaosProxy, Faults};
+    let zk = ZooKeeper::start().await;
+    let zks = zk.connect_string();
+    let _bookies = start_bookies(&zks, 3).await;
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("address");
+    let proxy = ChaosProxy::start(any, zk.addr())
+        .await
+        .expect("chaos proxy");
+    let a = BrokerNode::start_cluster("broker-a", &proxy.local_addr().to_string(), &[]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let topic = "cut-0".to_string();
+    // A owns the topic's bundle (it is the only broker yet); the
+    // subscription exists from the start.
+    let now = dir.path().join("now");
+    touch(&now);
+    let now_s = now.to_string_lossy().to_string();
+    let a_url = a.service_url();
+    let sub = Script::spawn(&[
+        "consume",
+        "--url",
+        &a_url,
+        "--topics",
+        &topic,
+        "--stop-file",
+        &now_s,
+        "--idle-ms",
+        "0",
+    ]);
+    let (ok, _, json, err) = sub.finish().await;
+    assert!(ok, "subscribing failed: {json} {err}");
+    let mut process = BrokerNode::cluster_builder("broker-b", &zks, &[]).spawn();
+    let http = process.addr("http");
+    process.wait_ready(http).await;
+    let mut c = Cluster {
+        _zk: zk,
+        _bookies: Vec::new(),
+        brokers: vec![a, BrokerNode { process }],
+        dir,
+    };
+    assert_eq!(owners(&c, 1, std::slice::from_ref(&topic)).await, vec![0]);
+
+    let url = c.url();
+    let stop = c.stop_file("stop");
+    let stop_s = stop.to_string_lossy().to_string();
+    let p = Script::spawn(&[
+        "produce",
+        "--url",
+        &url,
+        "--topics",
+        &topic,
+        "--stop-file",
+        &stop_s,
+        "--pause-ms",
+        "5",
+    ]);
+    p.wait_until("40 acks", 60_000, |l| count_prefix(l, "ACK ") >= 40)
+        .await;
+
+    let cut_at = Instant::now();
+    proxy
+        .set_faults(Faults {
+            black_hole: true,
+            ..Faults::none()
+        })
+        .expect("black hole");
+    // Producers resume on the other broker.
+    p.wait_until("acks after the takeover", 60_000, |l| {
+        l.iter()
+            .filter(|(at, l)| *at > cut_at + Duration::from_secs(6) && l.starts_with("ACK "))
+            .count()
+            >= 20
+    })
+    .await;
+    let lines = p.snapshot();
+    let acks: Vec<Duration> = lines
+        .iter()
+        .filter(|(at, l)| *at > cut_at && l.starts_with("ACK "))
+        .map(|(at, _)| at.duration_since(cut_at))
+        .collect();
+    // The old owner gave up at 2/3 of the 4 s session timeout; nobody can
+    // own the bundle before its session expired (>= 4 s after its last
+    // contact, which was at most ~0.5 s before the cut). So no
+    // acknowledgement falls in between.
+    let (quiet_from, quiet_to) = (Duration::from_millis(3_000), Duration::from_millis(3_400));
+    let in_gap: Vec<&Duration> = acks
+        .iter()
+        .filter(|d| **d >= quiet_from && **d <= quiet_to)
+        .collect();
+    assert!(
+        in_gap.is_empty(),
+        "acknowledgements {in_gap:?} after the cut: the cut-off owner kept acknowledging"
+    );
+    let resumed = acks.iter().find(|d| **d > quiet_to).copied();
+    let last_before = acks.iter().filter(|d| **d < quiet_from).max().copied();
+    println!(
+        "cut off from ZooKeeper: last acknowledgement {last_before:?} after the cut, producers resumed {resumed:?} after it"
+    );
+    let log = c.brokers[0].process.log_tail(400);
+    assert!(
+        log.contains("giving up bundle ownership"),
+        "cut-off broker's log: {log}"
+    );
+
+    // Healed: the old owner learns its session expired and stops.
+    proxy.clear_faults();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.brokers[0].process.is_running() {
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off broker kept running after its session expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    touch(&stop);
+    let (ok, plines, pjson, perr) = p.finish().await;
+    assert!(ok, "producer failed: {pjson} {perr}");
+    assert_eq!(pjson["errors"], serde_json::json!([]));
+    let b_url = c.brokers[1].service_url();
+    let consumer = Script::spawn(&[
+        "consume",
+        "--url",
+        &b_url,
+        "--topics",
+        &topic,
+        "--stop-file",
+        &stop_s,
+    ]);
+    let (ok, clines, cjson, cerr) = consumer.finish().await;
+    assert!(ok, "consumer failed: {cjson} {cerr}");
+    check_history(&pairs(&plines, "ACK"), &pairs(&clines, "REC"));
+    drop(proxy);
 }
