@@ -620,7 +620,7 @@ impl Conn {
                 .await
                 .map_err(|m| (ServerError::ServiceNotReady, m))
         };
-        owned().await?;
+        // (`get_or_load` checks ownership before loading as well.)
         let load = self.state.topics.get_or_load(&name, create);
         match tokio::time::timeout(Duration::from_millis(TOPIC_LOAD_TIMEOUT_MS), load).await {
             Ok(Ok(t)) => {

@@ -289,6 +289,7 @@ pub async fn run(
         topics.clone(),
         metrics.clone(),
     );
+    topics.set_ownership(&ownership);
     ownership.start();
     let mut fatal = ownership.fatal_signal();
     let state = Arc::new(BrokerState {

@@ -35,8 +35,14 @@ def main():
     p.add_argument("--pause-ms", type=int, default=20)
     args = p.parse_args()
     topics = [t for t in args.topics.split(",") if t]
+    extra = {}
+    if os.environ.get("OWN_CLIENT_LOG"):
+        import logging
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                            format="%(asctime)s %(message)s")
+        extra["logger"] = logging.getLogger("pulsar")
     client = pulsar.Client(args.url, operation_timeout_seconds=30,
-                           connection_timeout_ms=5000)
+                           connection_timeout_ms=5000, **extra)
 
     def stop_requested():
         return args.stop_file and os.path.exists(args.stop_file)
