@@ -15,6 +15,10 @@
 //! - an owner cut off from ZooKeeper (chaos proxy, P0-5) stops
 //!   acknowledging before its session can expire and another broker takes
 //!   over; one gap-free history.
+//!
+//! Debugging aids: `OWN_DEBUG=1` prints the survivor's log and the
+//! producer's stderr in the kill test; `OWN_CLIENT_LOG=1` makes the Python
+//! client log to stderr.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
