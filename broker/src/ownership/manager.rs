@@ -792,6 +792,209 @@ async fn reporter(o: Arc<Ownership>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cms_bookie::client::driver::{LedgerClient, LedgerClientOptions};
+    use cms_bookie::metadata::embedded::EmbeddedBackend;
+
+    use crate::managed_ledger::io::{EntryCache, ManagedLedgerConfig};
+    use crate::topics::TopicContext;
+
+    /// One simulated broker: its own session on a shared embedded store, a
+    /// registration and a listening port (so reachability probes succeed).
+    struct Node {
+        store: cms_bookie::metadata::embedded::EmbeddedStore,
+        own: Arc<Ownership>,
+        url: String,
+        _listener: tokio::net::TcpListener,
+    }
+
+    async fn node(backend: &Arc<EmbeddedBackend>, name: &str, enabled: bool) -> Node {
+        let layout = Layout::new("/cms").unwrap();
+        let session = backend.session();
+        let store: Arc<dyn MetadataStore> = Arc::new(session.clone());
+        crate::tenancy::init_cluster(&*store, &layout, "test")
+            .await
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("pulsar://{}", listener.local_addr().unwrap());
+        let registry = prometheus::Registry::new();
+        let metrics = BrokerMetrics::new(&registry).unwrap();
+        let client = LedgerClient::connect(
+            store.clone(),
+            layout.clone(),
+            LedgerClientOptions::default(),
+        )
+        .await
+        .unwrap();
+        let topics = Topics::new(TopicContext {
+            client,
+            store: store.clone(),
+            layout: layout.clone(),
+            ml_config: ManagedLedgerConfig::default(),
+            cache: EntryCache::new(1 << 20),
+            metrics: metrics.clone(),
+            allow_auto_topic_creation: true,
+            producers_per_topic_max: 10,
+            topics_loaded_max: 10,
+            tick_interval_ms: 1000,
+        });
+        store.create_all(&layout.brokers()).await.unwrap();
+        let reg = Registration {
+            service_url: url.clone(),
+            web_service_url: url.replace("pulsar", "http"),
+            cluster: "test".into(),
+            ..Registration::default()
+        };
+        let (reg_path, _) = store
+            .create(
+                &join(&layout.brokers(), &format!("{name}-")),
+                &serde_json::to_vec(&reg).unwrap(),
+                CreateMode::EphemeralSequential,
+            )
+            .await
+            .unwrap();
+        let own = Ownership::new(
+            OwnershipConfig {
+                enabled,
+                broker_id: reg_path.rsplit('/').next().unwrap().to_string(),
+                registration_path: reg_path,
+                service_url: url.clone(),
+                http_url: url.replace("pulsar", "http"),
+                cluster: "test".into(),
+                // Long: these tests do not run the heartbeat.
+                session_timeout_ms: 120_000,
+                load_report_interval_ms: 1000,
+            },
+            store,
+            layout,
+            topics,
+            metrics,
+        );
+        Node {
+            store: session,
+            own,
+            url,
+            _listener: listener,
+        }
+    }
+
+    fn topic(name: &str) -> TopicName {
+        TopicName::parse(name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn lookups_place_redirect_and_move_after_session_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = node(&backend, "x", true).await;
+        let y = node(&backend, "y", true).await;
+        let t = topic("persistent://public/default/placed");
+
+        // The first lookup places the bundle on one of the two brokers.
+        let (owner, other) = match x.own.lookup(&t, false).await.unwrap() {
+            LookupAnswer::Connect => (&x, &y),
+            LookupAnswer::Redirect { service_url, .. } => {
+                assert_eq!(service_url, y.url);
+                // Redirected clients ask authoritatively: y takes it.
+                assert_eq!(y.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
+                (&y, &x)
+            }
+        };
+        assert!(owner.own.check_owned(&t).await.is_ok());
+        assert!(
+            other
+                .own
+                .check_owned(&t)
+                .await
+                .unwrap_err()
+                .contains("is being unloaded")
+        );
+        // The other broker redirects to the owner, authoritative or not.
+        for auth in [false, true] {
+            assert_eq!(
+                other.own.lookup(&t, auth).await.unwrap(),
+                LookupAnswer::Redirect {
+                    service_url: owner.url.clone(),
+                    http_url: owner.url.replace("pulsar", "http"),
+                }
+            );
+        }
+        let key = owner.own.bundle_of(&t).await.unwrap();
+        assert_eq!(owner.own.owned_bundles(), vec![key.clone()]);
+        let (data, _) = owner.store.get(&owner.own.node_path(&key)).await.unwrap();
+        let rec: OwnerRecord = serde_json::from_slice(&data).unwrap();
+        assert_eq!(rec.service_url, owner.url);
+
+        // The owner's session ends: its node goes, the other broker takes it.
+        let mut session = owner.store.session_events();
+        owner.store.expire_session_for_test();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            session.wait_for(|s| *s == SessionState::Expired),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            other.own.lookup(&t, true).await.unwrap(),
+            LookupAnswer::Connect
+        );
+        assert!(other.own.check_owned(&t).await.is_ok());
+
+        // Unload releases the node; the bundle is no longer served here.
+        assert!(other.own.unload_bundle(&key, "test").await.unwrap());
+        assert!(other.own.check_owned(&t).await.is_err());
+        assert_eq!(
+            other
+                .store
+                .exists(&other.own.node_path(&key))
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(!other.own.unload_bundle(&key, "again").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_draining_broker_takes_no_bundle_and_standalone_owns_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = node(&backend, "x", true).await;
+        let y = node(&backend, "y", true).await;
+        x.own.drain().await;
+        // Every lookup through either broker ends on y.
+        for i in 0..8 {
+            let t = topic(&format!("persistent://public/default/d-{i}"));
+            match x.own.lookup(&t, false).await.unwrap() {
+                LookupAnswer::Redirect { service_url, .. } => assert_eq!(service_url, y.url),
+                LookupAnswer::Connect => panic!("a draining broker took {t}"),
+            }
+            // Even a redirected (authoritative) lookup does not make it
+            // take an unowned bundle.
+            match x.own.lookup(&t, true).await {
+                Err(OwnershipError::Unavailable(_)) => {}
+                Ok(LookupAnswer::Redirect { service_url, .. }) => assert_eq!(service_url, y.url),
+                other => panic!("a draining broker answered {other:?} for {t}"),
+            }
+            assert_eq!(
+                y.own.lookup(&t, false).await.unwrap(),
+                LookupAnswer::Connect
+            );
+        }
+        let s = node(&backend, "s", false).await;
+        let t = topic("persistent://public/default/d-0");
+        assert_eq!(
+            s.own.lookup(&t, false).await.unwrap(),
+            LookupAnswer::Connect
+        );
+        assert!(s.own.check_owned(&t).await.is_ok());
+        // A namespace that does not exist is an error, not a placement.
+        assert!(matches!(
+            y.own
+                .lookup(&topic("persistent://public/nope/t"), false)
+                .await,
+            Err(OwnershipError::NoNamespace(_))
+        ));
+    }
 
     #[test]
     fn bundles_policy_shapes() {
