@@ -31,6 +31,9 @@ use crate::ownership::load::Registration;
 use crate::ownership::{Ownership, OwnershipConfig};
 use crate::topics::{TopicContext, Topics};
 
+/// Bound on releasing this broker's bundles at shutdown, in milliseconds.
+pub const DRAIN_TIMEOUT_MS: u64 = 30_000;
+
 /// Why the broker could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -353,7 +356,14 @@ pub async fn run(
     state.serving.store(false, Ordering::Release);
     // Bundles first (clients are told to reconnect while this broker still
     // answers their lookups with "being unloaded"), then the rest.
-    ownership.drain().await;
+    if tokio::time::timeout(Duration::from_millis(DRAIN_TIMEOUT_MS), ownership.drain())
+        .await
+        .is_err()
+    {
+        warn!(
+            "releasing bundles took longer than {DRAIN_TIMEOUT_MS} ms; the rest go with the session"
+        );
+    }
     state.shutdown.send_replace(true);
     topics.close_all().await;
     ownership.stop();
