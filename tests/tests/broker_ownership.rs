@@ -282,6 +282,22 @@ fn touch(p: &Path) {
 async fn lookups_spread_topics_and_kill_9_of_an_owner_loses_nothing() {
     let c = Cluster::start().await;
     let url = c.url();
+    // Bad HTTP lookups are clear 4xx JSON errors.
+    for (path, status) in [
+        ("persistent/public/nope/t", 404),
+        ("persistent/public/default/bad%2Fname", 400),
+        ("nonsense/public/default/t", 400),
+    ] {
+        let resp = reqwest::get(format!(
+            "http://{}/lookup/v2/topic/{path}",
+            c.brokers[0].http()
+        ))
+        .await
+        .expect("HTTP lookup");
+        assert_eq!(resp.status().as_u16(), status, "{path}");
+        let body: serde_json::Value = resp.json().await.expect("JSON error body");
+        assert!(body["reason"].is_string(), "{path}: {body}");
+    }
     let topics: Vec<String> = (0..8).map(|i| format!("own-{i}")).collect();
     let list = topics.join(",");
     let stop = c.stop_file("stop");
