@@ -31,3 +31,15 @@ async fn standalone_key_shared_spread_order_joins_leaves_and_sticky_ranges() {
         .await
         .assert_ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_partitioned_topics_auto_created_round_robin_keys_and_patterns() {
+    let broker = BrokerNode::start_standalone(&[
+        "--allow-auto-topic-creation-type=partitioned",
+        "--default-num-partitions=3",
+    ])
+    .await;
+    case(&broker.service_url(), "partitioned.py", "partitioned", &[])
+        .await
+        .assert_ok();
+}
