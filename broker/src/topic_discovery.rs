@@ -379,6 +379,139 @@ mod tests {
         assert_eq!(topics_hash(&[]), "00000000");
     }
 
+    #[tokio::test]
+    async fn partition_counts_auto_creation_listing_and_use() {
+        use cms_bookie::metadata::CreateMode;
+        use cms_bookie::metadata::embedded::EmbeddedStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("m.redb"))
+            .await
+            .unwrap();
+        let layout = Layout::new("/cms").unwrap();
+        crate::tenancy::init_cluster(&store, &layout, "c")
+            .await
+            .unwrap();
+        let t = |s: &str| TopicName::parse(s).unwrap();
+        let plain = AutoCreation {
+            allowed: true,
+            topic_type: AutoTopicType::NonPartitioned,
+            partitions: 1,
+        };
+        let parted = AutoCreation {
+            topic_type: AutoTopicType::Partitioned,
+            partitions: 4,
+            ..plain
+        };
+        let count = |name: &str, auto| {
+            let name = t(name);
+            let (store, layout) = (&store, &layout);
+            async move { partition_count(store, layout, &name, auto).await }
+        };
+        // Missing + non-partitioned auto-creation: 0, nothing created.
+        assert_eq!(count("persistent://public/default/a", plain).await, Ok(0));
+        assert_eq!(
+            partitioned::partitions(&store, &layout, &t("persistent://public/default/a"))
+                .await
+                .unwrap(),
+            None
+        );
+        // Missing + partitioned: created with the default count, stable.
+        assert_eq!(count("persistent://public/default/p", parted).await, Ok(4));
+        assert_eq!(count("persistent://public/default/p", plain).await, Ok(4));
+        // A partition name, or an existing non-partitioned topic: 0.
+        assert_eq!(
+            count("persistent://public/default/p-partition-1", parted).await,
+            Ok(0)
+        );
+        let ml =
+            crate::managed_ledger::io::managed_ledger::node_path(&layout, "public/default/stored")
+                .unwrap();
+        store
+            .create_all(cms_bookie::metadata::parent_of(&ml).unwrap())
+            .await
+            .unwrap();
+        store
+            .create(&ml, b"", CreateMode::Persistent)
+            .await
+            .unwrap();
+        assert_eq!(
+            count("persistent://public/default/stored", parted).await,
+            Ok(0)
+        );
+        // Unknown namespace.
+        assert_eq!(
+            count("persistent://public/nope/x", parted)
+                .await
+                .map_err(|e| e.0),
+            Err(ServerError::TopicNotFound)
+        );
+        // Which names clients may use.
+        let using = |name: &str| {
+            let name = t(name);
+            let (store, layout) = (&store, &layout);
+            async move { check_use(store, layout, &name).await.map_err(|e| e.0) }
+        };
+        assert_eq!(
+            using("persistent://public/default/p").await,
+            Err(ServerError::NotAllowedError)
+        );
+        assert_eq!(
+            using("persistent://public/default/p-partition-3").await,
+            Ok(())
+        );
+        assert_eq!(
+            using("persistent://public/default/p-partition-4").await,
+            Err(ServerError::TopicNotFound)
+        );
+        assert_eq!(using("persistent://public/default/stored").await, Ok(()));
+        assert_eq!(
+            using("persistent://public/default/q-partition-9").await,
+            Ok(())
+        );
+        // Listing: stored topics plus every partition; patterns; modes.
+        let list =
+            topics_of_namespace(&store, &layout, "public/default", ListMode::All, None, None)
+                .await
+                .unwrap();
+        assert_eq!(
+            list.topics,
+            names(&[
+                "persistent://public/default/p-partition-0",
+                "persistent://public/default/p-partition-1",
+                "persistent://public/default/p-partition-2",
+                "persistent://public/default/p-partition-3",
+                "persistent://public/default/stored",
+            ])
+        );
+        let np = topics_of_namespace(
+            &store,
+            &layout,
+            "public/default",
+            ListMode::NonPersistent,
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        assert!(np.topics.is_empty());
+        let f = topics_of_namespace(
+            &store,
+            &layout,
+            "public/default",
+            ListMode::Persistent,
+            Some("persistent://public/default/st.*"),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(f.topics, names(&["persistent://public/default/stored"]));
+        assert!(
+            topics_of_namespace(&store, &layout, "public/nope", ListMode::All, None, None)
+                .await
+                .is_err()
+        );
+    }
+
     #[test]
     fn modes_and_namespaces_parse() {
         assert_eq!(ListMode::from_wire(None), ListMode::Persistent);
