@@ -644,7 +644,15 @@ impl Dispatcher {
                 return Vec::new();
             }
             // Acked while being read: left out.
-            ReadPlan::Replay(_) => entries.retain(|e| reading.contains(&e.position)),
+            ReadPlan::Replay(positions) => {
+                entries.retain(|e| reading.contains(&e.position));
+                // Positions that did not come back are acked: forget them.
+                for p in positions {
+                    if !entries.iter().any(|e| e.position == p) {
+                        self.hashes.remove(&p);
+                    }
+                }
+            }
             ReadPlan::Next { .. } => {}
         }
         self.assign(entries)

@@ -1,6 +1,7 @@
-"""Key_Shared: (1) three consumers, keyed messages: every key goes to exactly
-one consumer and each key's messages arrive in order, every message exactly
-once, all three take part; a Shared consumer on the Key_Shared subscription is
+"""Key_Shared: (1) three consumers, keyed messages (unbatched, then in
+key-based batches): every key goes to exactly one consumer and each key's
+messages arrive in order, every message exactly once, all three take part; a
+Shared consumer on the Key_Shared subscription is
 refused. (2) a consumer joining and one leaving (with unacknowledged messages
 in its receive queue) mid-stream: each key's messages are acknowledged in
 order, every message exactly once, nothing lost. (3) STICKY ranges: two
@@ -110,6 +111,28 @@ def spread_and_order(c, client, topic, timeout_ms):
     c.check("spread: all three consumers take part", all(v > 0 for v in counts.values()),
             counts=counts)
     producer.close()
+    # Key-based batches: every batch holds one key, so keys stay whole.
+    batched = client.create_producer(topic, batching_enabled=True,
+                                     batching_type=pulsar.BatchingType.KeyBased,
+                                     batching_max_messages=10,
+                                     batching_max_publish_delay_ms=20)
+    bsent = []
+    for i in range(300, 500):
+        key = f"key-{i % KEYS}"
+        body = f"{key}:{i}"
+        batched.send_async(body.encode(), None, partition_key=key)
+        bsent.append(body)
+    batched.flush()
+    bgot = []
+    poll(consumers, bgot, lambda: len(bgot) >= len(bsent), timeout_ms)
+    c.equal("batched: every message exactly once", sorted(b for _, b in bgot), sorted(bsent))
+    for key, msgs in per_key(bgot).items():
+        owners = {n for n, _ in msgs}
+        c.check(f"batched: {key} went to one consumer", len(owners) == 1,
+                owners=sorted(owners))
+        seqs = [s for _, s in msgs]
+        c.check(f"batched: {key} in order", seqs == sorted(seqs), seqs=seqs)
+    batched.close()
     for _, cons in consumers:
         cons.close()
     return counts
