@@ -524,6 +524,7 @@ impl Conn {
             Ok(name) => {
                 let ctx = self.state.topics.context();
                 let cfg = &self.state.config;
+                // `metadata_auto_creation_enabled=false` (PIP-344): never create here.
                 let broker_auto = crate::tenancy::AutoCreation {
                     allowed: cfg.allow_auto_topic_creation,
                     topic_type: cfg.allow_auto_topic_creation_type,
@@ -534,6 +535,7 @@ impl Conn {
                     &ctx.layout,
                     &name,
                     broker_auto,
+                    c.metadata_auto_creation_enabled.unwrap_or(true),
                 )
                 .await
             }

@@ -233,12 +233,15 @@ pub async fn topics_of_namespace(
 }
 
 /// PARTITIONED_METADATA for `name`: its partition count, 0 if not
-/// partitioned; a missing topic is created partitioned when `auto` says so.
+/// partitioned; a missing topic is created partitioned when the namespace's
+/// auto-creation (over `broker_auto`) says so and `may_create` (the
+/// client's `metadata_auto_creation_enabled`, default true).
 pub async fn partition_count(
     store: &dyn MetadataStore,
     layout: &Layout,
     name: &TopicName,
     broker_auto: AutoCreation,
+    may_create: bool,
 ) -> Result<u32, ErrorReply> {
     let policies = match namespace_policies(store, layout, &name.tenant, &name.namespace).await {
         Ok(Some(p)) => p,
@@ -260,7 +263,7 @@ pub async fn partition_count(
         return Ok(n);
     }
     let auto = policies.auto_creation(broker_auto);
-    if !auto.allowed || auto.topic_type != AutoTopicType::Partitioned {
+    if !may_create || !auto.allowed || auto.topic_type != AutoTopicType::Partitioned {
         return Ok(0);
     }
     // An existing non-partitioned topic stays what it is.
@@ -405,8 +408,20 @@ mod tests {
         let count = |name: &str, auto| {
             let name = t(name);
             let (store, layout) = (&store, &layout);
-            async move { partition_count(store, layout, &name, auto).await }
+            async move { partition_count(store, layout, &name, auto, true).await }
         };
+        // The client may forbid creation.
+        assert_eq!(
+            partition_count(
+                &store,
+                &layout,
+                &t("persistent://public/default/p"),
+                parted,
+                false
+            )
+            .await,
+            Ok(0)
+        );
         // Missing + non-partitioned auto-creation: 0, nothing created.
         assert_eq!(count("persistent://public/default/a", plain).await, Ok(0));
         assert_eq!(
