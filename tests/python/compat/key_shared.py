@@ -67,16 +67,14 @@ def send(producer, start, count):
 def poll(consumers, got, until, timeout_ms):
     """Receives (and acks at once) round-robin over `consumers` until
     `until()` or a whole receive timeout passes without a message."""
-    idle_rounds = 0
-    while not until() and idle_rounds * 50 * len(consumers) < timeout_ms:
-        progressed = False
+    last_progress = u.now_ms()
+    while not until() and u.now_ms() - last_progress < timeout_ms:
         for name, consumer in consumers:
-            m = u.receive_or_none(consumer, 50)
+            m = u.receive_or_none(consumer, 5)
             if m is not None:
                 got.append((name, u.text(m)))
                 consumer.acknowledge(m)
-                progressed = True
-        idle_rounds = 0 if progressed else idle_rounds + 1
+                last_progress = u.now_ms()
 
 
 def per_key(got):
