@@ -1,8 +1,9 @@
 //! The managed ledger I/O layer against real processes: a harness ZooKeeper
 //! and 3 `cms-bookie serve` bookies (E/Qw/Qa = 3/3/2). Appends across
 //! rollovers read back in order, trimming only behind the slowest cursor,
-//! cursor durability across a crash (handles dropped without close), and
-//! ownership takeover fencing the old owner.
+//! cursor durability across a crash (handles dropped without close),
+//! ownership takeover fencing the old owner, and close-and-resend after a
+//! non-fenced ledger write failure (3/3/3 with a bookie killed).
 
 #![allow(
     clippy::unwrap_used,
@@ -1103,4 +1104,199 @@ async fn cursor_acks_survive_kill_9_at_random_points_p0_7() {
     );
     report.assert_ok();
     assert!(model.acked.len() > 50, "the load acked too little to judge");
+}
+
+/// Issue 6 leftover: a non-fenced ledger write failure closes the ledger and
+/// resends. E/Qw/Qa = 3/3/3 on exactly 3 bookies, so killing one makes the
+/// current ledger's writer fail (no replacement bookie) without fencing;
+/// appends keep being submitted meanwhile (a submitter and a separate
+/// waiter), so some are refused by the failed writer and must be resent.
+/// After the bookie is back: every acked append is stored exactly once at
+/// its acked position, in submission order; an append that failed (only
+/// `Unavailable` is allowed) is not stored; no abandoned ledger stays
+/// listed; the handle is not terminal, and a new owner reads the same log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_duplicating() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let cfg = ManagedLedgerConfig {
+        ensemble_size: 3,
+        write_quorum: 3,
+        ack_quorum: 3,
+        pending_appends_max: 64,
+        metrics: metrics.clone(),
+        ledger_failure_retry: cms_broker::managed_ledger::RetryPolicy {
+            backoff_ms_min: 50,
+            backoff_ms_max: 1_000,
+            window_ms: 90_000,
+        },
+        ..config(40)
+    };
+    let name = "t/ns/resend";
+    let ml = open(&zk, name, cfg.clone(), EntryCache::new(8 << 20)).await;
+
+    let acked: Arc<Mutex<Vec<(usize, Position)>>> = Arc::default();
+    let failed: Arc<Mutex<Vec<(usize, MlError)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let submitter = {
+        let (ml, stop, failed) = (ml.clone(), stop.clone(), failed.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match ml.append_pipelined(payload(i)).await {
+                    Ok(p) => {
+                        if tx.send((i, p)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => failed.lock().unwrap().push((i, e)),
+                }
+                i += 1;
+            }
+        })
+    };
+    let waiter = {
+        let (acked, failed) = (acked.clone(), failed.clone());
+        tokio::spawn(async move {
+            while let Some((i, p)) = rx.recv().await {
+                match p.wait().await {
+                    Ok(pos) => acked.lock().unwrap().push((i, pos)),
+                    Err(e) => failed.lock().unwrap().push((i, e)),
+                }
+            }
+        })
+    };
+    let acked_n = || acked.lock().unwrap().len();
+    cms_tests::harness::wait::eventually("200 appends acked", 30_000, || {
+        let n = acked_n();
+        async move { n >= 200 }
+    })
+    .await;
+
+    // A bookie of every ledger's ensemble dies: the writer fails.
+    bookies[2].process.kill();
+    cms_tests::harness::wait::eventually("the ledger failure noticed", 30_000, || {
+        let n = metrics.snapshot().ledger_write_failures;
+        async move { n >= 1 }
+    })
+    .await;
+    // Keep it down until its registration is gone: creating the next
+    // ledger (3 bookies needed) then fails and the resend waits, retrying.
+    let store = init_store(&zk.connect_string()).await;
+    let available = cms_bookie::metadata::layout::Layout::new("/cms")
+        .unwrap()
+        .bookies_available();
+    cms_tests::harness::wait::eventually("b3 unregistered", 30_000, || {
+        let (store, available) = (store.clone(), available.clone());
+        async move {
+            let ids = store.children(&available).await.unwrap();
+            !ids.iter().any(|id| id == "b3")
+        }
+    })
+    .await;
+    let acked_while_down = acked_n();
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    bookies[2].process.restart().await;
+    bookies[2].wait_ready().await;
+    let after_restart = acked_n();
+    eprintln!("acked before the restart: {acked_while_down} / {after_restart}");
+    cms_tests::harness::wait::eventually("200 more appends acked", 90_000, || {
+        let n = acked_n();
+        async move { n >= after_restart + 200 }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    tokio::time::timeout(std::time::Duration::from_secs(60), submitter)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(60), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    let m = metrics.snapshot();
+    assert!(m.ledger_write_failures >= 1, "{m:?}");
+    let failed = failed.lock().unwrap().clone();
+    eprintln!(
+        "acked {}, failed {}, ledger failures {}, resent {}, ledgers {:?}",
+        acked.lock().unwrap().len(),
+        failed.len(),
+        m.ledger_write_failures,
+        m.appends_resent,
+        ml.ledgers()
+            .ledgers()
+            .iter()
+            .map(|l| (l.ledger_id, l.entries))
+            .collect::<Vec<_>>()
+    );
+    for (i, e) in &failed {
+        assert!(matches!(e, MlError::Unavailable(_)), "append {i}: {e:?}");
+    }
+    let mut acked = acked.lock().unwrap().clone();
+    acked.sort_by_key(|(i, _)| *i);
+    assert!(
+        acked.windows(2).all(|w| w[0].1 < w[1].1),
+        "acked positions follow submission order"
+    );
+
+    // The log is exactly the acked appends, each once, at its acked position.
+    let check = |all: &[cms_broker::managed_ledger::io::Entry]| {
+        assert_eq!(
+            all.len(),
+            acked.len(),
+            "stored vs acked ({} failed)",
+            failed.len()
+        );
+        for (e, (i, pos)) in all.iter().zip(&acked) {
+            assert_eq!(
+                e.payload.as_ref(),
+                payload(*i).as_slice(),
+                "at {}",
+                e.position
+            );
+            assert_eq!(e.position, *pos);
+        }
+    };
+    check(&ml.read(Position::new(0, 0), 100_000).await.unwrap());
+
+    // The stored list is the in-memory one: no abandoned ledger listed, the
+    // failed ledger closed.
+    let (data, _) = store
+        .get("/cms/managed-ledgers/t/ns/persistent/resend")
+        .await
+        .unwrap();
+    let info = proto::ManagedLedgerInfo::decode(data.as_slice()).unwrap();
+    let stored: Vec<(u64, u64)> = info
+        .ledgers
+        .iter()
+        .map(|l| (l.ledger_id, l.entries))
+        .collect();
+    let listed: Vec<u64> = ml.ledgers().ledgers().iter().map(|l| l.ledger_id).collect();
+    assert_eq!(
+        stored.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        listed,
+        "{stored:?}"
+    );
+    for l in &info.ledgers[..info.ledgers.len() - 1] {
+        assert_ne!(l.closed_ms, 0, "{l:?}");
+    }
+    // And the handle still appends.
+    let next = ml.append(payload(usize::MAX / 2)).await.unwrap();
+    assert!(next > acked.last().unwrap().1);
+    ml.close().await.unwrap();
+    drop(ml);
+
+    // A new owner sees the same log (plus the last append).
+    let ml = open(&zk, name, cfg, EntryCache::new(0)).await;
+    let all = ml.read(Position::new(0, 0), 100_000).await.unwrap();
+    check(&all[..all.len() - 1]);
+    assert_eq!(all.last().unwrap().position, next);
 }
