@@ -1300,3 +1300,44 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
     check(&all[..all.len() - 1]);
     assert_eq!(all.last().unwrap().position, next);
 }
+
+/// An append above the ledger entry bound is refused alone (a broker whose
+/// `message_bytes_max` exceeds what a bookie entry holds must not lose the
+/// topic over one message): `EntryTooLarge`, the handle not terminal, the
+/// appends around it stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_above_the_entry_bound_is_refused_alone() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let (client, store, layout) = managed_ledger_env(&zk.connect_string()).await;
+    let max = client.entry_payload_bytes_max();
+    let ml = ManagedLedger::open(
+        client,
+        store,
+        &layout,
+        "t/ns/too-large",
+        config(1_000),
+        EntryCache::new(1 << 20),
+    )
+    .await
+    .unwrap();
+    let before = ml.append(payload(0)).await.unwrap();
+    let e = ml.append(vec![7u8; max + 1]).await.unwrap_err();
+    assert_eq!(
+        e,
+        MlError::EntryTooLarge {
+            bytes: max + 1,
+            max
+        }
+    );
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    // A large entry under the bound still goes through (1 MiB; entries at
+    // the bound itself are the ledger writer's and bookie's concern).
+    let large = ml.append(vec![8u8; 1 << 20]).await.unwrap();
+    let after = ml.append(payload(1)).await.unwrap();
+    assert!(before < large && large < after);
+    let all = ml.read(Position::new(0, 0), 10).await.unwrap();
+    let got: Vec<Position> = all.iter().map(|e| e.position).collect();
+    assert_eq!(got, vec![before, large, after]);
+    assert_eq!(all[1].payload.len(), 1 << 20);
+}
