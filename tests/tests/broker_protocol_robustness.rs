@@ -313,7 +313,8 @@ fn memory_of(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// Publishes one message and consumes it back on fresh connections.
+/// Subscribes (from the end), publishes one message and receives it, on one
+/// fresh connection.
 async fn produce_and_consume(addr: SocketAddr, topic: &str, body: &[u8]) {
     use cms_client::proto::pulsar::command_subscribe::{InitialPosition, SubType};
     use futures::StreamExt;
@@ -324,7 +325,7 @@ async fn produce_and_consume(addr: SocketAddr, topic: &str, body: &[u8]) {
         SubType::Exclusive,
         1,
         1,
-        InitialPosition::Earliest,
+        InitialPosition::Latest,
     ))
     .await;
     let ok = c.recv().await.expect("SUBSCRIBE answer");
@@ -499,4 +500,80 @@ async fn memory_stays_bounded_under_a_storm_of_bad_frames() {
         b"after the storm",
     )
     .await;
+}
+
+/// A `message_bytes_max` above what one ledger entry holds: CONNECTED
+/// advertises the storage bound instead (a client keeps its payloads within
+/// it), and a message that reaches the managed ledger over the entry bound
+/// anyway gets SEND_ERROR NotAllowed naming the bound, alone: the producer,
+/// the connection and the topic keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_above_the_storage_bound_is_refused_alone() {
+    let broker = BrokerNode::start_standalone(&["--message-bytes-max=7000000"]).await;
+    let addr = broker.pulsar();
+    let entry_max = cms_bookie::client::writer::WriterConfig::default().entry_payload_bytes_max;
+    let storage_max = entry_max - 10 * 1024;
+
+    let mut c = RawClient::open(addr).await;
+    // Frames above the default client limit go out on this connection.
+    *c.framed.codec_mut() = cms_client::proto::PulsarCodec::new(8 << 20);
+    c.send(commands::connect("raw-test", 20)).await;
+    let connected = c
+        .recv()
+        .await
+        .expect("CONNECTED")
+        .connected
+        .expect("connected");
+    assert_eq!(
+        connected.max_message_size,
+        Some(i32::try_from(storage_max).expect("fits")),
+        "the storage bound, not the configured 7000000"
+    );
+    c.send(commands::producer(
+        "persistent://public/default/big",
+        1,
+        1,
+        None,
+    ))
+    .await;
+    let ps = c.recv().await.expect("PRODUCER answer");
+    let ps = ps
+        .producer_success
+        .clone()
+        .unwrap_or_else(|| panic!("PRODUCER_SUCCESS, got {ps:?}"));
+    let md = MessageMetadata {
+        producer_name: ps.producer_name,
+        sequence_id: 0,
+        publish_time: 1,
+        ..Default::default()
+    };
+    for (seq, size) in [(0u64, 1usize << 10), (1, 6 << 20), (2, 1 << 10)] {
+        c.framed
+            .send(Frame::Payload(PayloadFrame {
+                command: commands::send(1, seq, 1),
+                broker_entry_metadata: None,
+                checksum: ChecksumState::Valid,
+                entry: entry_from_parts(&md, &vec![b'x'; size]),
+            }))
+            .await
+            .expect("send");
+    }
+    let first = c.recv().await.expect("receipt 0");
+    assert_eq!(first.send_receipt.expect("SEND_RECEIPT 0").sequence_id, 0);
+    let refused = c.recv().await.expect("answer to the 6 MiB message");
+    let e = refused
+        .send_error
+        .clone()
+        .unwrap_or_else(|| panic!("SEND_ERROR, got {refused:?}"));
+    assert_eq!(e.sequence_id, 1);
+    assert_eq!(
+        e.error,
+        cms_client::proto::pulsar::ServerError::NotAllowedError as i32
+    );
+    assert!(e.message.contains("entry bound"), "{e:?}");
+    let last = c.recv().await.expect("receipt 2");
+    assert_eq!(last.send_receipt.expect("SEND_RECEIPT 2").sequence_id, 2);
+    assert_alive(&mut c).await;
+    // The topic was not dropped: it still takes and delivers messages.
+    produce_and_consume(addr, "persistent://public/default/big", b"still here").await;
 }
