@@ -1110,7 +1110,9 @@ async fn cursor_acks_survive_kill_9_at_random_points_p0_7() {
 /// resends. E/Qw/Qa = 3/3/3 on exactly 3 bookies, so killing one makes the
 /// current ledger's writer fail (no replacement bookie) without fencing;
 /// appends keep being submitted meanwhile (a submitter and a separate
-/// waiter), so some are refused by the failed writer and must be resent.
+/// waiter), so some are refused by the failed writer and must be resent;
+/// ledgers of 8 entries, so a rollover is usually in flight at the failure
+/// (its ledger is then abandoned and its appends resent too).
 /// After the bookie is back: every acked append is stored exactly once at
 /// its acked position, in submission order; an append that failed (only
 /// `Unavailable` is allowed) is not stored; no abandoned ledger stays
@@ -1135,7 +1137,7 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
             backoff_ms_max: 1_000,
             window_ms: 90_000,
         },
-        ..config(40)
+        ..config(8)
     };
     let name = "t/ns/resend";
     let ml = open(&zk, name, cfg.clone(), EntryCache::new(8 << 20)).await;
