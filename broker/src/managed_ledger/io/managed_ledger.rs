@@ -647,6 +647,12 @@ impl Shared {
                 AddOutcome::Done(item, Err(e))
             }
             Err(e) if is_fenced(&e) => AddOutcome::Done(item, Err(self.fenced())),
+            // Refused without failing the writer: later adds took the entry
+            // ids this numbering gave to it, so nothing can be resent safely
+            // (the size bound is checked before submission; this is a bug).
+            Err(
+                e @ LedgerError::Add(AddError::TooLarge { .. } | AddError::Backpressure { .. }),
+            ) => AddOutcome::Done(item, Err(self.set_terminal(MlError::Ledger(e)))),
             Err(e) => AddOutcome::LedgerFailed(item, e),
         }
     }
