@@ -3,7 +3,9 @@
 //! rollovers read back in order, trimming only behind the slowest cursor,
 //! cursor durability across a crash (handles dropped without close),
 //! ownership takeover fencing the old owner, and close-and-resend after a
-//! non-fenced ledger write failure (3/3/3 with a bookie killed).
+//! non-fenced ledger write failure (3/3/3 with a bookie killed; with a
+//! bookie back read-only, appends not placed within the retry window fail
+//! `Unavailable` and the handle recovers).
 
 #![allow(
     clippy::unwrap_used,
@@ -1106,27 +1108,127 @@ async fn cursor_acks_survive_kill_9_at_random_points_p0_7() {
     assert!(model.acked.len() > 50, "the load acked too little to judge");
 }
 
-/// Issue 6 leftover: a non-fenced ledger write failure closes the ledger and
-/// resends. E/Qw/Qa = 3/3/3 on exactly 3 bookies, so killing one makes the
-/// current ledger's writer fail (no replacement bookie) without fencing;
-/// appends keep being submitted meanwhile (a submitter and a separate
-/// waiter), so some are refused by the failed writer and must be resent;
-/// ledgers of 8 entries, so a rollover is usually in flight at the failure
-/// (its ledger is then abandoned and its appends resent too).
-/// After the bookie is back: every acked append is stored exactly once at
-/// its acked position, in submission order; an append that failed (only
-/// `Unavailable` is allowed) is not stored; no abandoned ledger stays
-/// listed; the handle is not terminal, and a new owner reads the same log.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_duplicating() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+/// Appends under load for the ledger-failure tests: a submitter that never
+/// waits for completions (so appends keep arriving while a ledger fails;
+/// 10 ms pause after a refusal) and a waiter taking completions in order.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    submitter: tokio::task::JoinHandle<()>,
+    waiter: tokio::task::JoinHandle<()>,
+    acked: std::sync::Arc<std::sync::Mutex<Vec<(usize, Position)>>>,
+    failed: std::sync::Arc<std::sync::Mutex<Vec<(usize, MlError)>>>,
+}
 
-    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let zk = zk().await;
-    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
-    let metrics = cms_broker::managed_ledger::MlMetrics::new();
-    let cfg = ManagedLedgerConfig {
+impl Load {
+    fn start(ml: &ManagedLedger) -> Load {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let acked: Arc<Mutex<Vec<(usize, Position)>>> = Arc::default();
+        let failed: Arc<Mutex<Vec<(usize, MlError)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let submitter = {
+            let (ml, stop, failed) = (ml.clone(), stop.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    match ml.append_pipelined(payload(i)).await {
+                        Ok(p) => {
+                            if tx.send((i, p)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            failed.lock().unwrap().push((i, e));
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        }
+                    }
+                    i += 1;
+                }
+            })
+        };
+        let waiter = {
+            let (acked, failed) = (acked.clone(), failed.clone());
+            tokio::spawn(async move {
+                while let Some((i, p)) = rx.recv().await {
+                    match p.wait().await {
+                        Ok(pos) => acked.lock().unwrap().push((i, pos)),
+                        Err(e) => failed.lock().unwrap().push((i, e)),
+                    }
+                }
+            })
+        };
+        Load {
+            stop,
+            submitter,
+            waiter,
+            acked,
+            failed,
+        }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    fn failed(&self) -> usize {
+        self.failed.lock().unwrap().len()
+    }
+
+    async fn wait_acked(&self, n: usize, what: &str, timeout_ms: u64) {
+        cms_tests::harness::wait::eventually(what, timeout_ms, || {
+            let got = self.acked();
+            async move { got >= n }
+        })
+        .await;
+    }
+
+    /// Stops submitting, waits for every completion; returns the acked
+    /// appends in submission order and the failed ones.
+    async fn finish(self) -> (Vec<(usize, Position)>, Vec<(usize, MlError)>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in [self.submitter, self.waiter] {
+            tokio::time::timeout(std::time::Duration::from_secs(60), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let mut acked = self.acked.lock().unwrap().clone();
+        acked.sort_by_key(|(i, _)| *i);
+        let failed = self.failed.lock().unwrap().clone();
+        (acked, failed)
+    }
+}
+
+/// The log is exactly the acked appends, each once, at its acked position,
+/// in submission order (a failed append is not stored).
+fn assert_log_is_the_acked(
+    all: &[cms_broker::managed_ledger::io::Entry],
+    acked: &[(usize, Position)],
+) {
+    assert!(
+        acked.windows(2).all(|w| w[0].1 < w[1].1),
+        "acked positions follow submission order"
+    );
+    assert_eq!(all.len(), acked.len(), "stored vs acked");
+    for (e, (i, pos)) in all.iter().zip(acked) {
+        assert_eq!(
+            e.payload.as_ref(),
+            payload(*i).as_slice(),
+            "at {}",
+            e.position
+        );
+        assert_eq!(e.position, *pos);
+    }
+}
+
+/// E/Qw/Qa = 3/3/3 on exactly 3 bookies: losing one fails the writer (no
+/// replacement) without fencing.
+fn failure_config(
+    metrics: &cms_broker::managed_ledger::MlMetrics,
+    window_ms: u64,
+) -> ManagedLedgerConfig {
+    ManagedLedgerConfig {
         ensemble_size: 3,
         write_quorum: 3,
         ack_quorum: 3,
@@ -1134,52 +1236,33 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
         metrics: metrics.clone(),
         ledger_failure_retry: cms_broker::managed_ledger::RetryPolicy {
             backoff_ms_min: 50,
-            backoff_ms_max: 1_000,
-            window_ms: 90_000,
+            backoff_ms_max: 500,
+            window_ms,
         },
         ..config(8)
-    };
+    }
+}
+
+/// Issue 6 leftover: a non-fenced ledger write failure closes the ledger and
+/// resends. A bookie is killed under load (appends keep being submitted, so
+/// some are refused by the failed writer and must be resent; ledgers of 8
+/// entries, so a rollover is usually in flight and its ledger abandoned)
+/// and kept down until unregistered (creating the next ledger fails and the
+/// resend retries). After it is back: every acked append is stored exactly
+/// once at its acked position, in submission order; an append that failed
+/// (only `Unavailable` is allowed) is not stored; no abandoned ledger stays
+/// listed; the handle is not terminal, and a new owner reads the same log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_duplicating() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let cfg = failure_config(&metrics, 90_000);
     let name = "t/ns/resend";
     let ml = open(&zk, name, cfg.clone(), EntryCache::new(8 << 20)).await;
-
-    let acked: Arc<Mutex<Vec<(usize, Position)>>> = Arc::default();
-    let failed: Arc<Mutex<Vec<(usize, MlError)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-    let submitter = {
-        let (ml, stop, failed) = (ml.clone(), stop.clone(), failed.clone());
-        tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                match ml.append_pipelined(payload(i)).await {
-                    Ok(p) => {
-                        if tx.send((i, p)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => failed.lock().unwrap().push((i, e)),
-                }
-                i += 1;
-            }
-        })
-    };
-    let waiter = {
-        let (acked, failed) = (acked.clone(), failed.clone());
-        tokio::spawn(async move {
-            while let Some((i, p)) = rx.recv().await {
-                match p.wait().await {
-                    Ok(pos) => acked.lock().unwrap().push((i, pos)),
-                    Err(e) => failed.lock().unwrap().push((i, e)),
-                }
-            }
-        })
-    };
-    let acked_n = || acked.lock().unwrap().len();
-    cms_tests::harness::wait::eventually("200 appends acked", 30_000, || {
-        let n = acked_n();
-        async move { n >= 200 }
-    })
-    .await;
+    let load = Load::start(&ml);
+    load.wait_acked(200, "200 appends acked", 30_000).await;
 
     // A bookie of every ledger's ensemble dies: the writer fails.
     bookies[2].process.kill();
@@ -1202,72 +1285,31 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
         }
     })
     .await;
-    let acked_while_down = acked_n();
     assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
     bookies[2].process.restart().await;
     bookies[2].wait_ready().await;
-    let after_restart = acked_n();
-    eprintln!("acked before the restart: {acked_while_down} / {after_restart}");
-    cms_tests::harness::wait::eventually("200 more appends acked", 90_000, || {
-        let n = acked_n();
-        async move { n >= after_restart + 200 }
-    })
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    tokio::time::timeout(std::time::Duration::from_secs(60), submitter)
-        .await
-        .unwrap()
-        .unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(60), waiter)
-        .await
-        .unwrap()
-        .unwrap();
+    let after_restart = load.acked();
+    load.wait_acked(after_restart + 200, "200 more appends acked", 90_000)
+        .await;
+    let (acked, failed) = load.finish().await;
 
     assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
     let m = metrics.snapshot();
     assert!(m.ledger_write_failures >= 1, "{m:?}");
-    let failed = failed.lock().unwrap().clone();
     eprintln!(
-        "acked {}, failed {}, ledger failures {}, resent {}, ledgers {:?}",
-        acked.lock().unwrap().len(),
+        "acked {}, failed {}, ledger failures {}, resent {}",
+        acked.len(),
         failed.len(),
         m.ledger_write_failures,
-        m.appends_resent,
-        ml.ledgers()
-            .ledgers()
-            .iter()
-            .map(|l| (l.ledger_id, l.entries))
-            .collect::<Vec<_>>()
+        m.appends_resent
     );
     for (i, e) in &failed {
         assert!(matches!(e, MlError::Unavailable(_)), "append {i}: {e:?}");
     }
-    let mut acked = acked.lock().unwrap().clone();
-    acked.sort_by_key(|(i, _)| *i);
-    assert!(
-        acked.windows(2).all(|w| w[0].1 < w[1].1),
-        "acked positions follow submission order"
+    assert_log_is_the_acked(
+        &ml.read(Position::new(0, 0), 100_000).await.unwrap(),
+        &acked,
     );
-
-    // The log is exactly the acked appends, each once, at its acked position.
-    let check = |all: &[cms_broker::managed_ledger::io::Entry]| {
-        assert_eq!(
-            all.len(),
-            acked.len(),
-            "stored vs acked ({} failed)",
-            failed.len()
-        );
-        for (e, (i, pos)) in all.iter().zip(&acked) {
-            assert_eq!(
-                e.payload.as_ref(),
-                payload(*i).as_slice(),
-                "at {}",
-                e.position
-            );
-            assert_eq!(e.position, *pos);
-        }
-    };
-    check(&ml.read(Position::new(0, 0), 100_000).await.unwrap());
 
     // The stored list is the in-memory one: no abandoned ledger listed, the
     // failed ledger closed.
@@ -1276,17 +1318,9 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
         .await
         .unwrap();
     let info = proto::ManagedLedgerInfo::decode(data.as_slice()).unwrap();
-    let stored: Vec<(u64, u64)> = info
-        .ledgers
-        .iter()
-        .map(|l| (l.ledger_id, l.entries))
-        .collect();
+    let stored: Vec<u64> = info.ledgers.iter().map(|l| l.ledger_id).collect();
     let listed: Vec<u64> = ml.ledgers().ledgers().iter().map(|l| l.ledger_id).collect();
-    assert_eq!(
-        stored.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
-        listed,
-        "{stored:?}"
-    );
+    assert_eq!(stored, listed);
     for l in &info.ledgers[..info.ledgers.len() - 1] {
         assert_ne!(l.closed_ms, 0, "{l:?}");
     }
@@ -1299,8 +1333,74 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
     // A new owner sees the same log (plus the last append).
     let ml = open(&zk, name, cfg, EntryCache::new(0)).await;
     let all = ml.read(Position::new(0, 0), 100_000).await.unwrap();
-    check(&all[..all.len() - 1]);
+    assert_log_is_the_acked(&all[..all.len() - 1], &acked);
     assert_eq!(all.last().unwrap().position, next);
+}
+
+/// When no new ledger can be placed within the retry window, the appends
+/// waiting for one fail with `Unavailable` (not stored) and the handle stays
+/// usable: once the bookie is writable again, appends go through. The bookie
+/// comes back read-only (disk over its threshold): it takes recovery's
+/// write-back, so the failed ledger is recovered, but no 3-bookie ledger can
+/// be created while it stays so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_not_placed_within_the_window_fail_unavailable_and_the_handle_recovers() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let ml = open(
+        &zk,
+        "t/ns/window",
+        failure_config(&metrics, 8_000),
+        EntryCache::new(8 << 20),
+    )
+    .await;
+    let load = Load::start(&ml);
+    load.wait_acked(100, "100 appends acked", 30_000).await;
+
+    bookies[2].set_config("disk_usage_threshold = 0.0001\ndisk_usage_lwm = 0.0\n");
+    bookies[2].process.kill();
+    bookies[2].process.restart().await;
+    let http = bookies[2].http();
+    cms_tests::harness::wait::eventually("b3 back read-only", 30_000, || async move {
+        cms_tests::harness::http::get(&cms_tests::harness::http::client(), http, "/ready")
+            .await
+            .is_ok_and(|(_, body)| {
+                body.contains("\"registered\":true") && body.contains("ReadOnlyDisk")
+            })
+    })
+    .await;
+    cms_tests::harness::wait::eventually("appends failed as unavailable", 60_000, || {
+        let n = load.failed();
+        async move { n >= 1 }
+    })
+    .await;
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+
+    bookies[2].set_config(cms_tests::cluster::BOOKIE_TEST_CONFIG);
+    bookies[2].restart().await;
+    let acked_before = load.acked();
+    load.wait_acked(acked_before + 100, "100 appends acked after", 60_000)
+        .await;
+    let (acked, failed) = load.finish().await;
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    let m = metrics.snapshot();
+    eprintln!(
+        "acked {}, failed {}, ledger failures {}, resent {}",
+        acked.len(),
+        failed.len(),
+        m.ledger_write_failures,
+        m.appends_resent
+    );
+    assert!(!failed.is_empty());
+    for (i, e) in &failed {
+        assert!(matches!(e, MlError::Unavailable(_)), "append {i}: {e:?}");
+    }
+    assert_log_is_the_acked(
+        &ml.read(Position::new(0, 0), 100_000).await.unwrap(),
+        &acked,
+    );
 }
 
 /// An append above the ledger entry bound is refused alone (a broker whose
