@@ -1342,7 +1342,8 @@ async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_
 /// usable: once the bookie is writable again, appends go through. The bookie
 /// comes back read-only (disk over its threshold): it takes recovery's
 /// write-back, so the failed ledger is recovered, but no 3-bookie ledger can
-/// be created while it stays so.
+/// be created while it stays so. The 15 s window leaves room for the
+/// bookie's restart (the failed ledger must be recovered within it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_not_placed_within_the_window_fail_unavailable_and_the_handle_recovers() {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
@@ -1352,7 +1353,7 @@ async fn appends_not_placed_within_the_window_fail_unavailable_and_the_handle_re
     let ml = open(
         &zk,
         "t/ns/window",
-        failure_config(&metrics, 8_000),
+        failure_config(&metrics, 15_000),
         EntryCache::new(8 << 20),
     )
     .await;
