@@ -12,7 +12,7 @@
 //!
 //! A ledger write failure other than fencing (not enough bookies, a failed
 //! ensemble change, timeouts) is handled by the completion task
-//! ([`Shared::recover_and_resend`]): it stops submissions (takes the writer
+//! (`Shared::recover_and_resend`): it stops submissions (takes the writer
 //! lock), recovery-opens the failed ledger (bounded retries), completes the
 //! pending appends recovery found stored, closes the ledger in the list and
 //! resends the rest, in order, on a new ledger stored in the list before its
@@ -35,16 +35,14 @@ use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
 
-use crate::managed_ledger::{RetryPolicy, plan_resend};
-
 use super::cache::EntryCache;
 use super::cursor_io::{self, CursorLedger};
 use crate::managed_ledger::metrics::add;
 use crate::managed_ledger::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
     LedgerList, LedgerListError, MlMetrics, Position, PublishTimeSearch, RetentionPolicy,
-    RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers,
-    proto, ttl, ttl_cutoff_ms,
+    RetryPolicy, RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep,
+    deletable_ledgers, plan_resend, proto, ttl, ttl_cutoff_ms,
 };
 
 /// Settings of one managed ledger (broker defaults, overridable per namespace).
@@ -299,7 +297,7 @@ enum Completion {
     },
 }
 
-/// How [`Shared::complete_add`] ended.
+/// How `Shared::complete_add` ended.
 enum AddOutcome {
     /// Completed (stored or failed for good).
     Done(AddItem, Result<Position, MlError>),
@@ -995,8 +993,9 @@ impl Shared {
         Ok((handle, ctime))
     }
 
-    /// Closes ledger `handle` after its adds completed; a non-fenced close
-    /// failure is resolved by recovery. Returns its last entry.
+    /// Closes ledger `handle` after its adds completed (nothing to do if a
+    /// failure's recovery closed it already) and records the close in the
+    /// in-memory list; a non-fenced close failure is resolved by recovery.
     async fn close_ledger(&self, handle: &WriteHandle) -> Result<(), MlError> {
         let id = handle.ledger_id();
         let already = self
