@@ -414,7 +414,7 @@ impl LedgerClient {
 
     /// The largest payload one add accepts (the writers'
     /// `entry_payload_bytes_max`): a larger add is refused with
-    /// [`AddError::TooLarge`](crate::client::writer::AddError::TooLarge).
+    /// [`AddError::TooLarge`].
     pub fn entry_payload_bytes_max(&self) -> usize {
         self.inner.options.writer.entry_payload_bytes_max
     }
