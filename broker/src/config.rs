@@ -65,7 +65,8 @@ pub struct BrokerConfig {
     pub ack_quorum: usize,
 
     /// Largest message (metadata + payload) accepted, in bytes; told to
-    /// clients in CONNECTED.
+    /// clients in CONNECTED, capped there by what one ledger entry holds (a
+    /// message over that bound is refused alone with SEND_ERROR NotAllowed).
     #[arg(long, default_value_t = MESSAGE_BYTES_MAX_DEFAULT)]
     pub message_bytes_max: usize,
     /// Publishes in flight (received, not yet receipted) per connection; the

@@ -48,6 +48,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::consumers::Consumers;
+use crate::managed_ledger::io::MlError;
 use crate::managed_ledger::io::managed_ledger::PendingAppend;
 use crate::producers::{AccessMode, ProducerRefusal, ProducerRequest};
 use crate::service::BrokerState;
@@ -487,7 +488,16 @@ impl Conn {
         let client = c.protocol_version.unwrap_or(0);
         self.protocol_version = client.clamp(0, PROTOCOL_VERSION_MAX);
         self.connected = true;
-        let max = i32::try_from(self.state.config.message_bytes_max).unwrap_or(i32::MAX);
+        // What one ledger entry holds, less the frame padding the message
+        // metadata may use: a client keeps its payloads within this, so a
+        // `message_bytes_max` above the storage bound is not advertised.
+        let storage_max = self
+            .state
+            .client
+            .entry_payload_bytes_max()
+            .saturating_sub(crate::config::FRAME_PADDING_BYTES);
+        let max =
+            i32::try_from(self.state.config.message_bytes_max.min(storage_max)).unwrap_or(i32::MAX);
         debug!(
             client_version = %c.client_version,
             protocol_version = self.protocol_version,
@@ -887,6 +897,10 @@ async fn append_task(
             ChecksumState::Valid | ChecksumState::Absent => {
                 match topic.ml.append_pipelined(item.entry.clone()).await {
                     Ok(p) => Pending::Append(item, p),
+                    // Only this message: the topic and the producer stay.
+                    Err(e @ MlError::EntryTooLarge { .. }) => {
+                        Pending::Refused(item, ServerError::NotAllowedError, e.to_string())
+                    }
                     Err(e) => Pending::Failed(item, e.to_string()),
                 }
             }
