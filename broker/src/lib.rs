@@ -8,6 +8,8 @@
 //! - [`config`] — `cms-broker serve` / `standalone` options;
 //! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
 //! - [`partitioned`] — partitioned-topic metadata (partition counts);
+//! - [`topic_discovery`] — PARTITIONED_METADATA (with partitioned
+//!   auto-creation), GET_TOPICS_OF_NAMESPACE, which names clients may use;
 //! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
 //!   subscriptions over a managed cursor;
 //! - [`producers`] — access modes and producer bounds of a topic (pure);
@@ -35,5 +37,6 @@ pub mod standalone;
 pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
+pub mod topic_discovery;
 pub mod topic_name;
 pub mod topics;

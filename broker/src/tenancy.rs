@@ -38,6 +38,67 @@ pub struct NamespacePolicies {
     /// Whether topics are created on first use (None = broker default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_auto_topic_creation: Option<bool>,
+    /// Pulsar's `autoTopicCreationOverride`: whether, and as what, topics
+    /// are created on first use (None = broker defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_topic_creation_override: Option<AutoTopicCreationOverride>,
+}
+
+/// Pulsar's `AutoTopicCreationOverride` (JSON
+/// `{"allowAutoTopicCreation", "topicType", "defaultNumPartitions"}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoTopicCreationOverride {
+    /// Whether topics are created on first use.
+    pub allow_auto_topic_creation: bool,
+    /// `"partitioned"` or `"non-partitioned"`.
+    #[serde(default)]
+    pub topic_type: AutoTopicType,
+    /// Partitions of an auto-created partitioned topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_num_partitions: Option<u32>,
+}
+
+/// What an auto-created topic is (Pulsar `TopicType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AutoTopicType {
+    /// An ordinary topic (Pulsar's default).
+    #[default]
+    NonPartitioned,
+    /// A partitioned topic with the default partition count.
+    Partitioned,
+}
+
+/// How topics of a namespace are auto-created, after policy and broker
+/// defaults are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoCreation {
+    /// Created on first use at all.
+    pub allowed: bool,
+    /// As what.
+    pub topic_type: AutoTopicType,
+    /// Partitions when partitioned (at least 1).
+    pub partitions: u32,
+}
+
+impl NamespacePolicies {
+    /// The effective auto-creation: `autoTopicCreationOverride` if set, else
+    /// `allow_auto_topic_creation` with the broker's type and count, else
+    /// the broker's defaults.
+    pub fn auto_creation(&self, broker: AutoCreation) -> AutoCreation {
+        match &self.auto_topic_creation_override {
+            Some(o) => AutoCreation {
+                allowed: o.allow_auto_topic_creation,
+                topic_type: o.topic_type,
+                partitions: o.default_num_partitions.unwrap_or(broker.partitions).max(1),
+            },
+            None => AutoCreation {
+                allowed: self.allow_auto_topic_creation.unwrap_or(broker.allowed),
+                ..broker
+            },
+        }
+    }
 }
 
 /// Why a tenancy operation failed.
@@ -164,6 +225,45 @@ pub async fn namespace_policies(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_creation_override_uses_pulsar_json_and_beats_broker_defaults() {
+        let broker = AutoCreation {
+            allowed: true,
+            topic_type: AutoTopicType::NonPartitioned,
+            partitions: 1,
+        };
+        let p: NamespacePolicies = serde_json::from_str(
+            r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,
+                "topicType":"partitioned","defaultNumPartitions":4}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            p.auto_creation(broker),
+            AutoCreation {
+                allowed: true,
+                topic_type: AutoTopicType::Partitioned,
+                partitions: 4
+            }
+        );
+        let off: NamespacePolicies = serde_json::from_str(
+            r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":false}}"#,
+        )
+        .unwrap();
+        assert!(!off.auto_creation(broker).allowed);
+        assert_eq!(NamespacePolicies::default().auto_creation(broker), broker);
+        let legacy = NamespacePolicies {
+            allow_auto_topic_creation: Some(false),
+            ..NamespacePolicies::default()
+        };
+        assert!(!legacy.auto_creation(broker).allowed);
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(json.contains(r#""topicType":"partitioned""#), "{json}");
+        assert!(serde_json::from_str::<NamespacePolicies>(
+            r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,"topicType":"bogus"}}"#
+        )
+        .is_err());
+    }
     use cms_bookie::metadata::embedded::EmbeddedStore;
 
     #[tokio::test]
