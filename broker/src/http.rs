@@ -1,7 +1,7 @@
 //! The broker's HTTP port (axum): `/health` (the process answers), `/ready`
 //! (metadata store reachable, a writable bookie quorum, topics loadable) and
-//! `/metrics` (Prometheus text). The admin API (`/admin/v2`) joins this
-//! router later.
+//! `/metrics` (Prometheus text), and the admin API (`/admin/v2`, see
+//! [`crate::admin`]).
 //!
 //! Promise: every handler is bounded in time (the metadata probe has a
 //! deadline) and answers JSON (`{"reason": ...}` on errors) except
@@ -86,12 +86,21 @@ async fn not_found() -> Response {
     )
 }
 
+async fn method_not_allowed() -> Response {
+    json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        serde_json::json!({"reason": "method not allowed on this endpoint"}),
+    )
+}
+
 /// The HTTP router.
 pub fn router(state: Arc<BrokerState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .merge(crate::admin::router())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }

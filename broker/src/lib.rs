@@ -16,8 +16,10 @@
 //!   Pulsar protocol port: accept loop with connection limits, one task per
 //!   connection, consumer commands on the topic's subscriptions;
 //! - [`http`], [`metrics`] — `/health`, `/ready`, `/metrics`;
+//! - [`admin`] — the admin REST API (`/admin/v2`);
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
+pub mod admin;
 pub mod config;
 pub mod connection;
 pub mod consumers;

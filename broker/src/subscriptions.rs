@@ -59,6 +59,13 @@ impl Subscriptions {
         Ok(s)
     }
 
+    /// The subscriptions open now, by name (admin stats).
+    pub async fn open_now(&self) -> Vec<Subscription> {
+        let mut v: Vec<Subscription> = self.subs.lock().await.values().cloned().collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        v
+    }
+
     /// Whether `name` is open now.
     pub async fn contains(&self, name: &str) -> bool {
         self.subs.lock().await.contains_key(name)

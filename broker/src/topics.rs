@@ -175,6 +175,11 @@ impl Topic {
         lock(&self.producers).len()
     }
 
+    /// Names and access modes of the connected producers (admin stats).
+    pub fn producers_connected(&self) -> Vec<(String, crate::producers::AccessMode)> {
+        lock(&self.producers).connected()
+    }
+
     /// The current topic epoch.
     pub fn topic_epoch(&self) -> u64 {
         lock(&self.producers).topic_epoch()
@@ -301,7 +306,7 @@ impl Topics {
         };
         let ml_name = name.managed_ledger_name();
         let auto = policies
-            .allow_auto_topic_creation
+            .auto_topic_creation()
             .unwrap_or(ctx.allow_auto_topic_creation);
         if !auto || !create {
             let path = node_path(&ctx.layout, &ml_name)
@@ -324,7 +329,7 @@ impl Topics {
             ctx.store.clone(),
             &ctx.layout,
             &ml_name,
-            ctx.ml_config.clone(),
+            crate::tenancy::ml_config_for(&ctx.ml_config, &policies),
             ctx.cache.clone(),
         )
         .await?;

@@ -1,0 +1,572 @@
+//! `/admin/v2/{persistent,non-persistent}/...`: topics and subscriptions.
+//!
+//! Topics: create (non-partitioned), partitioned create / update / get /
+//! delete (through [`crate::partitioned`]), list, delete (`force=true` also
+//! when producers or consumers are connected: they are disconnected),
+//! stats, internal stats, unload. Subscriptions: list (the stored durable
+//! cursors), create, delete, skip all, reset to a message id.
+//!
+//! Promises: a topic that does not exist answers 404 and is not created by a
+//! read; a delete without `force` answers 409 while producers or consumers
+//! are connected; non-persistent topics are answered 412 where the broker
+//! would have to serve one (it does not serve them yet) — their partitioned
+//! metadata works. Stats report what the broker tracks today (sizes,
+//! backlogs, producers, consumers); per-topic rates are not tracked yet and
+//! are left out rather than reported as zero.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use cms_bookie::metadata::{CreateMode, MetadataError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tracing::info;
+
+use crate::admin::namespaces::{read_policies, stored_topics};
+use crate::admin::{
+    AdminError, AdminResult, Body, Params, QueryParams, St, names, no_content, ok_json, store,
+};
+use crate::consumers::message_counter;
+use crate::managed_ledger::io::SeekTarget;
+use crate::managed_ledger::io::managed_ledger::node_path;
+use crate::managed_ledger::{InitialPosition, Position};
+use crate::partitioned::{self, PartitionedError};
+use crate::service::BrokerState;
+use crate::subscription::{SubError, Subscription, SubscriptionConfig};
+use crate::subscriptions::OpenAs;
+use crate::topic_name::{Domain, TopicName};
+use crate::topics::{Topic, TopicError};
+
+/// A partitioned-metadata error as an HTTP answer.
+pub fn partitioned_error(e: PartitionedError) -> AdminError {
+    match e {
+        PartitionedError::AlreadyExists(_) => AdminError::Conflict(e.to_string()),
+        PartitionedError::NotFound(_) => AdminError::NotFound(e.to_string()),
+        PartitionedError::Invalid(_) => AdminError::BadRequest(e.to_string()),
+        PartitionedError::Conflict(_) => AdminError::Conflict(e.to_string()),
+        PartitionedError::Metadata(m) => m.into(),
+        PartitionedError::Corrupt { .. } => AdminError::Internal(e.to_string()),
+    }
+}
+
+fn topic_error(e: TopicError) -> AdminError {
+    match e {
+        TopicError::NotFound(m) => AdminError::NotFound(m),
+        TopicError::NotAllowed(m) => AdminError::PreconditionFailed(m),
+        TopicError::ServiceNotReady(m) | TopicError::Persistence(m) => AdminError::Unavailable(m),
+    }
+}
+
+fn sub_error(e: SubError) -> AdminError {
+    match e {
+        SubError::OtherConsumersConnected { .. } => AdminError::PreconditionFailed(e.to_string()),
+        SubError::Closed(_) => AdminError::Unavailable(e.to_string()),
+        SubError::Dispatch(_) => AdminError::PreconditionFailed(e.to_string()),
+        SubError::Ml(_) => AdminError::Unavailable(e.to_string()),
+    }
+}
+
+fn domain_of(p: &Params) -> Result<Domain, AdminError> {
+    names::domain(p.get("domain")?)
+}
+
+fn topic_of(p: &Params) -> Result<TopicName, AdminError> {
+    names::topic(
+        domain_of(p)?,
+        p.get("tenant")?,
+        p.get("namespace")?,
+        p.get("topic")?,
+    )
+}
+
+fn persistent_only(t: &TopicName) -> Result<(), AdminError> {
+    if t.domain != Domain::Persistent {
+        return Err(AdminError::PreconditionFailed(format!(
+            "{t}: non-persistent topics are not served by this broker yet"
+        )));
+    }
+    Ok(())
+}
+
+fn ml_path(s: &BrokerState, t: &TopicName) -> Result<String, AdminError> {
+    node_path(&s.layout, &t.managed_ledger_name())
+        .map_err(|e| AdminError::BadRequest(e.to_string()))
+}
+
+async fn stored(s: &BrokerState, t: &TopicName) -> Result<bool, AdminError> {
+    if t.domain != Domain::Persistent {
+        return Ok(false);
+    }
+    Ok(s.store.exists(&ml_path(s, t)?).await?.is_some())
+}
+
+/// The loaded topic, loading it if it is stored (never creates one).
+async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
+    persistent_only(t)?;
+    if !stored(s, t).await? {
+        return Err(AdminError::NotFound(format!("topic {t} does not exist")));
+    }
+    s.topics.get_or_load(t, false).await.map_err(topic_error)
+}
+
+fn partition_count_body(body: &Body) -> Result<u32, AdminError> {
+    let v: Value = body.json()?;
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| {
+            AdminError::BadRequest(format!("partition count must be an integer, got {v}"))
+        })
+}
+
+/// `GET /{domain}/{tenant}/{namespace}`: topics of the namespace (stored
+/// persistent topics, partitions included).
+pub async fn list(State(s): St, p: Params) -> AdminResult {
+    let d = domain_of(&p)?;
+    let (t, ns) = (p.get("tenant")?, p.get("namespace")?);
+    names::check("tenant", t)?;
+    names::check("namespace", ns)?;
+    read_policies(&s, t, ns).await?;
+    let list: Vec<String> = if d == Domain::Persistent {
+        stored_topics(&s, t, ns)
+            .await?
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(ok_json(json!(list)))
+}
+
+/// `GET /{domain}/{tenant}/{namespace}/partitioned`.
+pub async fn list_partitioned(State(s): St, p: Params) -> AdminResult {
+    let d = domain_of(&p)?;
+    let (t, ns) = (p.get("tenant")?, p.get("namespace")?);
+    names::check("tenant", t)?;
+    names::check("namespace", ns)?;
+    read_policies(&s, t, ns).await?;
+    let list: Vec<String> = partitioned::list(&*s.store, &s.layout, t, ns, d)
+        .await
+        .map_err(partitioned_error)?
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    Ok(ok_json(json!(list)))
+}
+
+/// `PUT /{domain}/{tenant}/{namespace}/{topic}`: a non-partitioned topic.
+pub async fn create(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    read_policies(&s, &t.tenant, &t.namespace).await?;
+    persistent_only(&t)?;
+    if partitioned::partitions(&*s.store, &s.layout, &t)
+        .await
+        .map_err(partitioned_error)?
+        .is_some()
+    {
+        return Err(AdminError::Conflict(format!(
+            "{t} exists as a partitioned topic"
+        )));
+    }
+    let path = ml_path(&s, &t)?;
+    if let Some(parent) = cms_bookie::metadata::parent_of(&path) {
+        s.store.create_all(parent).await?;
+    }
+    // An empty node is an empty ledger list: the first load starts a ledger.
+    match s.store.create(&path, b"", CreateMode::Persistent).await {
+        Ok(_) => {}
+        Err(MetadataError::NodeExists(_)) => {
+            return Err(AdminError::Conflict(format!("topic {t} already exists")));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "topic created");
+    Ok(no_content())
+}
+
+/// Deletes stored topic `t`: 409 while producers or consumers are connected
+/// unless `force` (they are disconnected by the unload).
+pub async fn delete_stored_topic(
+    s: &BrokerState,
+    t: &TopicName,
+    force: bool,
+) -> Result<(), AdminError> {
+    let topic = load(s, t).await?;
+    if !force {
+        let producers = topic.producer_count();
+        let consumers: usize = topic
+            .subscriptions
+            .open_now()
+            .await
+            .iter()
+            .map(Subscription::consumer_count)
+            .sum();
+        if producers + consumers > 0 {
+            return Err(AdminError::Conflict(format!(
+                "topic {t} has {producers} producer(s) and {consumers} consumer(s) connected; use force=true"
+            )));
+        }
+    }
+    s.topics.unload(&topic, "deleted by admin").await;
+    topic
+        .ml
+        .delete()
+        .await
+        .map_err(|e| AdminError::Unavailable(format!("deleting {t}: {e}")))?;
+    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, force, "topic deleted");
+    Ok(())
+}
+
+/// `DELETE /{domain}/{tenant}/{namespace}/{topic}` (`?force=true`).
+pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
+    let t = topic_of(&p)?;
+    let force = q.flag("force")?;
+    delete_stored_topic(&s, &t, force).await?;
+    Ok(no_content())
+}
+
+/// `PUT .../{topic}/partitions` with the count.
+pub async fn create_partitioned(State(s): St, p: Params, body: Body) -> AdminResult {
+    let t = topic_of(&p)?;
+    let n = partition_count_body(&body)?;
+    read_policies(&s, &t.tenant, &t.namespace).await?;
+    if stored(&s, &t).await? {
+        return Err(AdminError::Conflict(format!(
+            "{t} exists as a non-partitioned topic"
+        )));
+    }
+    partitioned::create(&*s.store, &s.layout, &t, n)
+        .await
+        .map_err(partitioned_error)?;
+    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, partitions = n, "partitioned topic created");
+    Ok(no_content())
+}
+
+/// `POST .../{topic}/partitions` with the new (larger) count.
+pub async fn update_partitioned(State(s): St, p: Params, body: Body) -> AdminResult {
+    let t = topic_of(&p)?;
+    let n = partition_count_body(&body)?;
+    partitioned::update(&*s.store, &s.layout, &t, n)
+        .await
+        .map_err(partitioned_error)?;
+    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, partitions = n, "partitioned topic updated");
+    Ok(no_content())
+}
+
+/// `GET .../{topic}/partitions`: `{"partitions": n}` (0 when not
+/// partitioned, as Pulsar answers).
+pub async fn get_partitioned(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    read_policies(&s, &t.tenant, &t.namespace).await?;
+    let n = partitioned::partitions(&*s.store, &s.layout, &t)
+        .await
+        .map_err(partitioned_error)?
+        .unwrap_or(0);
+    Ok(ok_json(json!({ "partitions": n })))
+}
+
+/// `DELETE .../{topic}/partitions` (`?force=true`): its stored partitions,
+/// then the partitioned-topic node.
+pub async fn delete_partitioned(State(s): St, p: Params, q: QueryParams) -> AdminResult {
+    let t = topic_of(&p)?;
+    let force = q.flag("force")?;
+    let Some(n) = partitioned::partitions(&*s.store, &s.layout, &t)
+        .await
+        .map_err(partitioned_error)?
+    else {
+        return Err(AdminError::NotFound(format!(
+            "partitioned topic {t} does not exist"
+        )));
+    };
+    for i in 0..n {
+        let part = partitioned::partition_name(&t, i);
+        if stored(&s, &part).await? {
+            delete_stored_topic(&s, &part, force).await?;
+        }
+    }
+    partitioned::delete(&*s.store, &s.layout, &t)
+        .await
+        .map_err(partitioned_error)?;
+    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "partitioned topic deleted");
+    Ok(no_content())
+}
+
+fn position_json(p: Position) -> String {
+    format!("{}:{}", p.ledger_id, p.entry_id)
+}
+
+fn sub_config(s: &BrokerState) -> SubscriptionConfig {
+    SubscriptionConfig {
+        limits: crate::dispatch::DispatchLimits {
+            consumers_max: s.config.consumers_per_subscription_max,
+            ..crate::dispatch::DispatchLimits::default()
+        },
+        ..SubscriptionConfig::default()
+    }
+}
+
+/// The stored durable subscriptions of `t` (its cursor nodes), sorted.
+async fn stored_subscriptions(s: &BrokerState, t: &TopicName) -> Result<Vec<String>, AdminError> {
+    store::children(&*s.store, &ml_path(s, t)?).await
+}
+
+/// Opens stored subscription `name` of a loaded topic (404 if not stored).
+async fn open_subscription(
+    s: &BrokerState,
+    t: &TopicName,
+    topic: &Topic,
+    name: &str,
+) -> Result<Subscription, AdminError> {
+    names::check("subscription", name)?;
+    if !topic.subscriptions.contains(name).await
+        && !stored_subscriptions(s, t).await?.iter().any(|n| n == name)
+    {
+        return Err(AdminError::NotFound(format!(
+            "subscription {name} of {t} does not exist"
+        )));
+    }
+    topic
+        .subscriptions
+        .get_or_open(
+            &topic.ml,
+            name,
+            OpenAs::Durable(InitialPosition::Latest),
+            message_counter(),
+            sub_config(s),
+        )
+        .await
+        .map_err(sub_error)
+}
+
+/// `GET .../{topic}/stats`: Pulsar `TopicStats` (the parts tracked).
+pub async fn stats(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let topic = load(&s, &t).await?;
+    let ledgers = topic.ml.ledgers();
+    let storage: u64 = ledgers.ledgers().iter().map(|l| l.size_bytes).sum();
+    let publishers: Vec<Value> = topic
+        .producers_connected()
+        .into_iter()
+        .map(|(name, mode)| json!({"producerName": name, "accessMode": format!("{mode:?}")}))
+        .collect();
+    let mut subs = serde_json::Map::new();
+    for name in stored_subscriptions(&s, &t).await? {
+        if names::check("subscription", &name).is_ok() {
+            // Opening restores the stored cursor; it does not move it.
+            let _ = open_subscription(&s, &t, &topic, &name).await?;
+        }
+    }
+    for sub in topic.subscriptions.open_now().await {
+        let st = sub.stats();
+        let consumers: Vec<Value> = st
+            .dispatcher
+            .consumers
+            .iter()
+            .map(|c| {
+                json!({
+                    "consumerName": c.name,
+                    "availablePermits": c.permits,
+                    "unackedMessages": c.unacked_messages,
+                    "blockedConsumerOnUnackedMsgs": c.blocked,
+                })
+            })
+            .collect();
+        subs.insert(
+            st.name.clone(),
+            json!({
+                "type": st.dispatcher.sub_type.map(|t| t.to_string()),
+                "msgBacklog": st.msg_backlog,
+                "unackedMessages": st.dispatcher.unacked_messages,
+                "blockedSubscriptionOnUnackedMsgs": st.dispatcher.blocked,
+                "isDurable": st.durable,
+                "consumers": consumers,
+            }),
+        );
+    }
+    Ok(ok_json(json!({
+        "storageSize": storage,
+        "publishers": publishers,
+        "subscriptions": subs,
+    })))
+}
+
+/// `GET .../{topic}/internalStats`: ledgers and cursors.
+pub async fn internal_stats(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let topic = load(&s, &t).await?;
+    let list = topic.ml.ledgers();
+    let ledgers: Vec<Value> = list
+        .ledgers()
+        .iter()
+        .map(|l| json!({"ledgerId": l.ledger_id, "entries": l.entries, "size": l.size_bytes, "offloaded": false}))
+        .collect();
+    let current = list.current_ledger_id();
+    let current_meta = current.and_then(|id| list.ledger(id));
+    let mut cursors = serde_json::Map::new();
+    for sub in topic.subscriptions.open_now().await {
+        let st = sub.stats();
+        cursors.insert(
+            st.name.clone(),
+            json!({
+                "markDeletePosition": position_json(st.mark_delete),
+                "readPosition": position_json(st.read_position),
+                "numberOfEntriesSinceFirstNotAckedMessage": st.msg_backlog,
+                "state": if st.failed.is_some() { "Failed" } else { "Open" },
+            }),
+        );
+    }
+    Ok(ok_json(json!({
+        "numberOfEntries": list.ledgers().iter().map(|l| l.entries).sum::<u64>(),
+        "totalSize": list.ledgers().iter().map(|l| l.size_bytes).sum::<u64>(),
+        "currentLedgerEntries": current_meta.map_or(0, |l| l.entries),
+        "currentLedgerSize": current_meta.map_or(0, |l| l.size_bytes),
+        "lastConfirmedEntry": position_json(topic.ml.last_confirmed()),
+        "state": if topic.ml.terminal_error().is_some() { "Closed" } else { "LedgerOpened" },
+        "ledgers": ledgers,
+        "cursors": cursors,
+    })))
+}
+
+/// `GET .../{topic}/subscriptions`: the stored durable subscriptions.
+pub async fn subscriptions(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    persistent_only(&t)?;
+    if !stored(&s, &t).await? {
+        return Err(AdminError::NotFound(format!("topic {t} does not exist")));
+    }
+    Ok(ok_json(json!(stored_subscriptions(&s, &t).await?)))
+}
+
+/// `PUT .../{topic}/unload`: closes the topic here (clients reconnect).
+pub async fn unload(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    persistent_only(&t)?;
+    if !stored(&s, &t).await? {
+        return Err(AdminError::NotFound(format!("topic {t} does not exist")));
+    }
+    if let Some(topic) = s.topics.get_loaded(&t) {
+        s.topics.unload(&topic, "unloaded by admin").await;
+    }
+    Ok(no_content())
+}
+
+/// Pulsar's `MessageId` JSON (`ledgerId`, `entryId`; others ignored).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageIdBody {
+    ledger_id: i64,
+    entry_id: i64,
+}
+
+fn seek_target(id: &MessageIdBody) -> Result<SeekTarget, AdminError> {
+    if id.ledger_id == -1 && id.entry_id == -1 {
+        return Ok(SeekTarget::Earliest);
+    }
+    if id.ledger_id == i64::MAX && id.entry_id == i64::MAX {
+        return Ok(SeekTarget::Latest);
+    }
+    let ledger = u64::try_from(id.ledger_id)
+        .map_err(|_| AdminError::BadRequest(format!("invalid ledgerId {}", id.ledger_id)))?;
+    if id.entry_id < -1 {
+        return Err(AdminError::BadRequest(format!(
+            "invalid entryId {}",
+            id.entry_id
+        )));
+    }
+    Ok(SeekTarget::Position(Position::new(ledger, id.entry_id)))
+}
+
+/// `PUT .../{topic}/subscription/{subscription}` with an optional
+/// `MessageId` start position (default: latest); 409 if it exists.
+pub async fn create_subscription(State(s): St, p: Params, body: Body) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    names::check("subscription", name)?;
+    let target = if body.is_empty() {
+        SeekTarget::Latest
+    } else {
+        seek_target(&body.json()?)?
+    };
+    let topic = load(&s, &t).await?;
+    if topic.subscriptions.contains(name).await
+        || stored_subscriptions(&s, &t)
+            .await?
+            .iter()
+            .any(|n| n == name)
+    {
+        return Err(AdminError::Conflict(format!(
+            "subscription {name} of {t} already exists"
+        )));
+    }
+    let initial = if target == SeekTarget::Earliest {
+        InitialPosition::Earliest
+    } else {
+        InitialPosition::Latest
+    };
+    let sub = topic
+        .subscriptions
+        .get_or_open(
+            &topic.ml,
+            name,
+            OpenAs::Durable(initial),
+            message_counter(),
+            sub_config(&s),
+        )
+        .await
+        .map_err(sub_error)?;
+    if let SeekTarget::Position(_) = target {
+        sub.seek(target).await.map_err(sub_error)?;
+    }
+    info!(topic = %t, subscription = name, "subscription created");
+    Ok(no_content())
+}
+
+/// `DELETE .../{topic}/subscription/{subscription}`: 412 while consumers
+/// are connected.
+pub async fn delete_subscription(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    sub.unsubscribe(None).await.map_err(sub_error)?;
+    topic.subscriptions.forget(&sub).await;
+    info!(topic = %t, subscription = name, "subscription deleted");
+    Ok(no_content())
+}
+
+/// `POST .../subscription/{subscription}/skip_all`: clears the backlog.
+pub async fn skip_all(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    sub.seek(SeekTarget::Latest).await.map_err(sub_error)?;
+    info!(topic = %t, subscription = name, "backlog skipped");
+    Ok(no_content())
+}
+
+/// `POST .../subscription/{subscription}/resetcursor/{timestamp}`: refused
+/// (412) until the subscription can seek by publish time.
+pub async fn reset_cursor_time(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let ts = p.get("timestamp")?;
+    ts.parse::<u64>().map_err(|_| {
+        AdminError::BadRequest(format!("timestamp must be ms since the epoch, got {ts:?}"))
+    })?;
+    let _ = load(&s, &t).await?;
+    Err(AdminError::PreconditionFailed(
+        "reset by publish time is not supported yet; reset to a message id instead".into(),
+    ))
+}
+
+/// `POST .../subscription/{subscription}/resetcursor` with a `MessageId`.
+pub async fn reset_cursor_id(State(s): St, p: Params, body: Body) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let target = seek_target(&body.json()?)?;
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    sub.seek(target).await.map_err(sub_error)?;
+    info!(topic = %t, subscription = name, ?target, "cursor reset");
+    Ok(no_content())
+}
