@@ -207,12 +207,12 @@ pub async fn delete_stored_topic(
             )));
         }
     }
+    // Delete while still loaded (the managed ledger turns terminal, so a
+    // client reconnecting meanwhile cannot reopen the old data), then
+    // unload: producers and consumers are told to close.
+    let deleted = topic.ml.delete().await;
     s.topics.unload(&topic, "deleted by admin").await;
-    topic
-        .ml
-        .delete()
-        .await
-        .map_err(|e| AdminError::Unavailable(format!("deleting {t}: {e}")))?;
+    deleted.map_err(|e| AdminError::Unavailable(format!("deleting {t}: {e}")))?;
     info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, force, "topic deleted");
     Ok(())
 }
