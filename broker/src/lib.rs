@@ -8,6 +8,7 @@
 //! - [`config`] — `cms-broker serve` / `standalone` options;
 //! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
 //! - [`partitioned`] — partitioned-topic metadata (partition counts);
+//! - [`policy_refresh`] — namespace policy changes applied to loaded topics;
 //! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
 //!   subscriptions over a managed cursor;
 //! - [`producers`] — access modes and producer bounds of a topic (pure);
@@ -28,6 +29,7 @@ pub mod http;
 pub mod managed_ledger;
 pub mod metrics;
 pub mod partitioned;
+pub mod policy_refresh;
 pub mod producers;
 pub mod service;
 pub mod standalone;

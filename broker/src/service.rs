@@ -283,6 +283,13 @@ pub async fn run(
         shutdown: watch::channel(false).0,
     });
 
+    tokio::spawn(crate::policy_refresh::run(
+        topics.clone(),
+        store.clone(),
+        state.layout.clone(),
+        state.shutdown_signal(),
+    ));
+
     let mut stop_http = state.shutdown_signal();
     let router = crate::http::router(state.clone());
     let http = tokio::spawn(async move {

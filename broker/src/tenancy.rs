@@ -308,6 +308,15 @@ pub fn ml_config_for(base: &ManagedLedgerConfig, p: &NamespacePolicies) -> Manag
     c
 }
 
+/// Whether `a` and `b` differ in what [`ml_config_for`] takes (persistence,
+/// retention, message TTL): a topic loaded with `a` must be reloaded to run
+/// with `b`. Pure.
+pub fn ml_policies_differ(a: &NamespacePolicies, b: &NamespacePolicies) -> bool {
+    a.persistence != b.persistence
+        || a.retention_policies != b.retention_policies
+        || a.message_ttl_in_seconds != b.message_ttl_in_seconds
+}
+
 /// Largest bundle count of a namespace.
 pub const BUNDLES_MAX: u32 = 1024;
 
@@ -605,6 +614,13 @@ mod tests {
         assert_eq!(c.retention.size_mb, 10);
         assert_eq!(c.message_ttl_seconds, 90);
         assert_eq!(c.rollover, base.rollover);
+        assert!(ml_policies_differ(&NamespacePolicies::default(), &p));
+        let mut same = p.clone();
+        same.max_producers_per_topic = Some(3);
+        same.deduplication_enabled = Some(true);
+        assert!(!ml_policies_differ(&p, &same));
+        same.message_ttl_in_seconds = Some(91);
+        assert!(ml_policies_differ(&p, &same));
     }
 
     #[test]

@@ -98,6 +98,9 @@ pub struct Topic {
     waiters: Mutex<HashMap<ProducerKey, oneshot::Sender<Grant>>>,
     /// The subscriptions of this topic.
     pub subscriptions: Subscriptions,
+    /// The namespace policies the topic was loaded with (see
+    /// [`crate::policy_refresh`]).
+    pub policies: crate::tenancy::NamespacePolicies,
     closing: watch::Sender<bool>,
 }
 
@@ -339,6 +342,7 @@ impl Topics {
             producers: Mutex::new(Producers::new(ctx.producers_per_topic_max)),
             waiters: Mutex::new(HashMap::new()),
             subscriptions: Subscriptions::default(),
+            policies,
             closing: watch::channel(false).0,
         });
         ctx.metrics.topics_loaded.inc();

@@ -767,6 +767,41 @@ async fn a_policy_set_through_one_broker_applies_on_another() {
         run.json, run.stderr
     );
 
+    // Retention and TTL set through A reach the topic loaded on B: B
+    // reloads it with the new settings within seconds.
+    let stats_path = "/admin/v2/persistent/shared/ns/made/internalStats";
+    let before = a2.get(stats_path).await;
+    assert_eq!(
+        before["appliedPolicies"]["messageTtlInSeconds"], 0,
+        "{before}"
+    );
+    a1.ok(
+        "POST",
+        "/admin/v2/namespaces/shared/ns/retention",
+        Some(r#"{"retentionTimeInMinutes":30,"retentionSizeInMB":64}"#),
+    )
+    .await;
+    a1.ok(
+        "POST",
+        "/admin/v2/namespaces/shared/ns/messageTTL",
+        Some("600"),
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = a2.get(stats_path).await;
+        let applied = &now["appliedPolicies"];
+        if applied["messageTtlInSeconds"] == 600 && applied["retentionSizeInMB"] == 64 {
+            assert_eq!(applied["retentionTimeInMinutes"], 30, "{now}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "broker B still runs the old policies: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // Cleared through B: A's namespace allows auto-creation again.
     a2.ok(
         "DELETE",

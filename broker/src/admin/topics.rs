@@ -424,7 +424,22 @@ pub async fn internal_stats(State(s): St, p: Params) -> AdminResult {
         "state": if topic.ml.terminal_error().is_some() { "Closed" } else { "LedgerOpened" },
         "ledgers": ledgers,
         "cursors": cursors,
+        "appliedPolicies": applied_policies(&s, &topic),
     })))
+}
+
+/// The managed-ledger settings the loaded topic runs with (its namespace
+/// policies at load over the broker defaults).
+fn applied_policies(s: &BrokerState, topic: &Topic) -> Value {
+    let c = crate::tenancy::ml_config_for(&s.topics.context().ml_config, &topic.policies);
+    json!({
+        "bookkeeperEnsemble": c.ensemble_size,
+        "bookkeeperWriteQuorum": c.write_quorum,
+        "bookkeeperAckQuorum": c.ack_quorum,
+        "retentionTimeInMinutes": c.retention.time_minutes,
+        "retentionSizeInMB": c.retention.size_mb,
+        "messageTtlInSeconds": c.message_ttl_seconds,
+    })
 }
 
 /// `GET .../{topic}/subscriptions`: the stored durable subscriptions.
