@@ -833,3 +833,202 @@ async fn a_policy_set_through_one_broker_applies_on_another() {
         run.json, run.stderr
     );
 }
+
+fn consumer_lines(
+    child: &mut tokio::process::Child,
+) -> tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>> {
+    use tokio::io::AsyncBufReadExt;
+    tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_are_shared_by_several_consumers_purged_and_deleted() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let a = Admin::new(broker.http());
+    let url = broker.service_url();
+    let q = "/admin/v2/queues/public/default";
+
+    // Bad input.
+    assert_eq!(
+        a.status("PUT", &format!("{q}/jobs"), Some(r#"{"partitionz":2}"#))
+            .await,
+        400
+    );
+    assert_eq!(
+        a.status(
+            "PUT",
+            &format!("{q}/jobs"),
+            Some(r#"{"maxRedeliveries":0}"#)
+        )
+        .await,
+        400
+    );
+    assert_eq!(
+        a.status("PUT", &format!("{q}/jobs"), Some(r#"{"partitions":99999}"#))
+            .await,
+        400
+    );
+    assert_eq!(
+        a.status("PUT", "/admin/v2/queues/public/ghost/jobs", None)
+            .await,
+        404
+    );
+    assert_eq!(a.status("PUT", &format!("{q}/a%20b"), None).await, 400);
+    assert_eq!(a.status("GET", &format!("{q}/ghost"), None).await, 404);
+    assert_eq!(
+        a.status("POST", &format!("{q}/ghost/purge"), None).await,
+        404
+    );
+    assert_eq!(a.status("DELETE", &format!("{q}/ghost"), None).await, 404);
+    // A failed creation leaves nothing behind.
+    assert!(a.get(q).await.as_array().unwrap().is_empty());
+
+    // A partitioned queue: its topic's partitions each get the subscription.
+    // (Served over the binary protocol once partitioned metadata is answered
+    // there; here only its admin side.)
+    a.ok("PUT", &format!("{q}/wide"), Some(r#"{"partitions":2}"#))
+        .await;
+    assert_eq!(
+        a.get("/admin/v2/persistent/public/default/wide/partitions")
+            .await["partitions"],
+        2
+    );
+    let wide = a.get(&format!("{q}/wide/stats")).await;
+    assert_eq!(wide["partitions"].as_array().unwrap().len(), 2, "{wide}");
+    assert_eq!(
+        strings(
+            &a.get("/admin/v2/persistent/public/default/wide-partition-1/subscriptions")
+                .await
+        ),
+        vec!["queue"]
+    );
+    a.ok("DELETE", &format!("{q}/wide"), None).await;
+    assert_eq!(
+        a.get("/admin/v2/persistent/public/default/wide/partitions")
+            .await["partitions"],
+        0
+    );
+    assert_eq!(
+        a.status(
+            "GET",
+            "/admin/v2/persistent/public/default/wide-partition-0/stats",
+            None
+        )
+        .await,
+        404
+    );
+
+    // A queue with a dead-letter policy.
+    a.ok(
+        "PUT",
+        &format!("{q}/jobs"),
+        Some(r#"{"maxRedeliveries":3}"#),
+    )
+    .await;
+    assert_eq!(a.status("PUT", &format!("{q}/jobs"), None).await, 409);
+    let info = a.get(&format!("{q}/jobs")).await;
+    assert_eq!(info["subscription"], "queue", "{info}");
+    assert_eq!(
+        info["deadLetterTopic"],
+        "persistent://public/default/jobs-queue-DLQ"
+    );
+    // The subscription exists from creation: messages published before any
+    // consumer are kept.
+    let run = run_python(
+        "produce.py",
+        &[
+            "--url", &url, "--topic", "jobs", "--count", "6", "--prefix", "early-",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let listed = a.get(q).await;
+    assert_eq!(
+        listed,
+        json!([{"name": "jobs", "topic": "persistent://public/default/jobs", "msgBacklog": 6}])
+    );
+    a.ok("POST", &format!("{q}/jobs/purge"), None).await;
+    assert_eq!(a.get(&format!("{q}/jobs/stats")).await["msgBacklog"], 0);
+
+    // Two consumers on the queue's subscription share 60 messages.
+    let args = |_: usize| {
+        vec![
+            "--url".to_string(),
+            url.clone(),
+            "--topic".into(),
+            "jobs".into(),
+            "--sub".into(),
+            "queue".into(),
+            "--sub-type".into(),
+            "Shared".into(),
+            "--count".into(),
+            "60".into(),
+            "--drain".into(),
+            "--timeout-ms".into(),
+            "4000".into(),
+        ]
+    };
+    let mut children = Vec::new();
+    for i in 0..2 {
+        let v = args(i);
+        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+        let mut child = cms_tests::cluster::spawn_python("consume.py", &refs);
+        let lines = consumer_lines(&mut child);
+        children.push((child, lines));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = a.get(&format!("{q}/jobs/stats")).await;
+        if stats["consumers"] == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "consumers never attached: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let run = run_python(
+        "produce.py",
+        &["--url", &url, "--topic", "jobs", "--count", "60"],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let mut received = Vec::new();
+    for (child, lines) in children {
+        let run = cms_tests::cluster::finish_python(child, lines, PYTHON_TIMEOUT_MS).await;
+        assert!(run.ok, "consumer failed: {} / {}", run.json, run.stderr);
+        let got = strings(&run.json["received"]);
+        // Shared gives each consumer up to 20 entries in a row (Pulsar's
+        // dispatcherMaxRoundRobinBatchSize): 60 reach both.
+        assert!(!got.is_empty(), "one consumer got nothing: {}", run.json);
+        received.extend(got);
+    }
+    received.sort();
+    let mut want: Vec<String> = (0..60).map(|i| format!("msg-{i}")).collect();
+    want.sort();
+    assert_eq!(received, want);
+    assert_eq!(a.get(&format!("{q}/jobs/stats")).await["msgBacklog"], 0);
+
+    // Purge what is left, then delete.
+    let run = run_python(
+        "produce.py",
+        &["--url", &url, "--topic", "jobs", "--count", "5"],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    assert_eq!(a.get(&format!("{q}/jobs/stats")).await["msgBacklog"], 5);
+    a.ok("POST", &format!("{q}/jobs/purge"), None).await;
+    assert_eq!(a.get(&format!("{q}/jobs/stats")).await["msgBacklog"], 0);
+    a.ok("DELETE", &format!("{q}/jobs"), None).await;
+    assert_eq!(a.status("GET", &format!("{q}/jobs"), None).await, 404);
+    assert_eq!(
+        a.get("/admin/v2/persistent/public/default/jobs/partitions")
+            .await["partitions"],
+        0
+    );
+    assert!(a.get(q).await.as_array().unwrap().is_empty());
+}

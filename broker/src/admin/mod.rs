@@ -16,6 +16,7 @@
 pub mod clusters;
 pub mod names;
 pub mod namespaces;
+pub mod queues;
 pub mod store;
 pub mod tenants;
 pub mod topics;
@@ -252,6 +253,15 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "DELETE",
         "/admin/v2/namespaces/{tenant}/{namespace}/{policy}",
     ),
+    ("GET", "/admin/v2/queues/{tenant}/{namespace}"),
+    ("GET", "/admin/v2/queues/{tenant}/{namespace}/{queue}"),
+    ("PUT", "/admin/v2/queues/{tenant}/{namespace}/{queue}"),
+    ("DELETE", "/admin/v2/queues/{tenant}/{namespace}/{queue}"),
+    ("GET", "/admin/v2/queues/{tenant}/{namespace}/{queue}/stats"),
+    (
+        "POST",
+        "/admin/v2/queues/{tenant}/{namespace}/{queue}/purge",
+    ),
     ("GET", "/admin/v2/{domain}/{tenant}/{namespace}"),
     ("GET", "/admin/v2/{domain}/{tenant}/{namespace}/partitioned"),
     ("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}"),
@@ -356,6 +366,7 @@ async fn openapi() -> Response {
 fn table() -> Table {
     use clusters as c;
     use namespaces as n;
+    use queues as q;
     use tenants as t;
     use topics as tp;
     const T: &str = "/admin/v2/{domain}/{tenant}/{namespace}/{topic}";
@@ -383,6 +394,12 @@ fn table() -> Table {
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::get_policy)
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::set_policy)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::clear_policy)
+    .add("GET", "/admin/v2/queues/{tenant}/{namespace}", q::list)
+    .add("GET", "/admin/v2/queues/{tenant}/{namespace}/{queue}", q::get)
+    .add("PUT", "/admin/v2/queues/{tenant}/{namespace}/{queue}", q::create)
+    .add("DELETE", "/admin/v2/queues/{tenant}/{namespace}/{queue}", q::delete)
+    .add("GET", "/admin/v2/queues/{tenant}/{namespace}/{queue}/stats", q::stats)
+    .add("POST", "/admin/v2/queues/{tenant}/{namespace}/{queue}/purge", q::purge)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}", tp::list)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/partitioned", tp::list_partitioned)
     .add("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}", tp::create)

@@ -93,7 +93,7 @@ fn ml_path(s: &BrokerState, t: &TopicName) -> Result<String, AdminError> {
         .map_err(|e| AdminError::BadRequest(e.to_string()))
 }
 
-async fn stored(s: &BrokerState, t: &TopicName) -> Result<bool, AdminError> {
+pub(crate) async fn stored(s: &BrokerState, t: &TopicName) -> Result<bool, AdminError> {
     if t.domain != Domain::Persistent {
         return Ok(false);
     }
@@ -101,7 +101,7 @@ async fn stored(s: &BrokerState, t: &TopicName) -> Result<bool, AdminError> {
 }
 
 /// The loaded topic, loading it if it is stored (never creates one).
-async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
+pub(crate) async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
     persistent_only(t)?;
     if !stored(s, t).await? {
         return Err(AdminError::NotFound(format!("topic {t} does not exist")));
@@ -168,20 +168,25 @@ pub async fn create(State(s): St, p: Params) -> AdminResult {
             "{t} exists as a partitioned topic"
         )));
     }
-    let path = ml_path(&s, &t)?;
+    create_topic_node(&s, &t).await?;
+    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "topic created");
+    Ok(no_content())
+}
+
+/// Stores topic `t` (an empty ledger list: the first load starts a
+/// ledger); 409 if it exists.
+pub(crate) async fn create_topic_node(s: &BrokerState, t: &TopicName) -> Result<(), AdminError> {
+    let path = ml_path(s, t)?;
     if let Some(parent) = cms_bookie::metadata::parent_of(&path) {
         s.store.create_all(parent).await?;
     }
-    // An empty node is an empty ledger list: the first load starts a ledger.
     match s.store.create(&path, b"", CreateMode::Persistent).await {
-        Ok(_) => {}
+        Ok(_) => Ok(()),
         Err(MetadataError::NodeExists(_)) => {
-            return Err(AdminError::Conflict(format!("topic {t} already exists")));
+            Err(AdminError::Conflict(format!("topic {t} already exists")))
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => Err(e.into()),
     }
-    info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "topic created");
-    Ok(no_content())
 }
 
 /// Deletes stored topic `t`: 409 while producers or consumers are connected
@@ -295,7 +300,7 @@ fn position_json(p: Position) -> String {
     format!("{}:{}", p.ledger_id, p.entry_id)
 }
 
-fn sub_config(s: &BrokerState) -> SubscriptionConfig {
+pub(crate) fn sub_config(s: &BrokerState) -> SubscriptionConfig {
     SubscriptionConfig {
         limits: crate::dispatch::DispatchLimits {
             consumers_max: s.config.consumers_per_subscription_max,
@@ -311,7 +316,7 @@ async fn stored_subscriptions(s: &BrokerState, t: &TopicName) -> Result<Vec<Stri
 }
 
 /// Opens stored subscription `name` of a loaded topic (404 if not stored).
-async fn open_subscription(
+pub(crate) async fn open_subscription(
     s: &BrokerState,
     t: &TopicName,
     topic: &Topic,
