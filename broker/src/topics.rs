@@ -336,6 +336,13 @@ impl Topics {
             ctx.cache.clone(),
         )
         .await?;
+        // TTL expiry (namespace policy, admin expireMessages) finds entry
+        // ages by the producer's publish time in the stored metadata.
+        ml.set_publish_time_fn(Arc::new(|entry: &[u8]| {
+            cms_client::proto::frame::parse_entry(entry)
+                .ok()
+                .map(|p| p.metadata.publish_time)
+        }));
         let topic = Arc::new(Topic {
             name: name.clone(),
             ml,

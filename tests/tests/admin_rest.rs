@@ -79,6 +79,29 @@ impl Admin {
     }
 }
 
+/// A peek: status, payload as text, `X-Pulsar-Message-ID`.
+async fn peek(a: &Admin, path: &str) -> (u16, String, String) {
+    let resp = a
+        .client
+        .get(format!("http://{}{path}", a.addr))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let status = resp.status().as_u16();
+    let id = resp
+        .headers()
+        .get("X-Pulsar-Message-ID")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = resp.text().await.expect("body");
+    if status >= 400 {
+        let v: Value = serde_json::from_str(&body).expect("JSON error");
+        assert!(v["reason"].is_string(), "{body}");
+    }
+    (status, body, id)
+}
+
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .unwrap_or_else(|| panic!("not an array: {v}"))
@@ -519,6 +542,7 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
         PYTHON_TIMEOUT_MS,
     )
     .await;
+    let produced_at = tokio::time::Instant::now();
     assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
     assert_eq!(
         strings(&a.get(&format!("{base}/orders/subscriptions")).await),
@@ -538,7 +562,59 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
         "{internal}"
     );
 
+    // Peek: the n-th entry after the mark-delete, payload and headers.
+    let sub = format!("{base}/orders/subscription/audit");
+    let (status, body, id) = peek(&a, &format!("{sub}/position/1")).await;
+    assert_eq!((status, body.as_str()), (200, "msg-0"));
+    assert!(id.contains(':'), "message id header {id:?}");
+    let (status, body, _) = peek(&a, &format!("{sub}/position/10")).await;
+    assert_eq!((status, body.as_str()), (200, "msg-9"));
+    assert_eq!(peek(&a, &format!("{sub}/position/11")).await.0, 404);
+    assert_eq!(peek(&a, &format!("{sub}/position/0")).await.0, 400);
+    assert_eq!(peek(&a, &format!("{sub}/position/x")).await.0, 400);
+    assert_eq!(
+        peek(&a, &format!("{base}/orders/subscription/ghost/position/1"))
+            .await
+            .0,
+        404
+    );
+
+    // Skip 3: the backlog shrinks and the 4th message is next.
+    a.ok("POST", &format!("{sub}/skip/3"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 7, "{stats}");
+    assert_eq!(peek(&a, &format!("{sub}/position/1")).await.1, "msg-3");
+    assert_eq!(a.status("POST", &format!("{sub}/skip/-1"), None).await, 400);
+    a.ok("POST", &format!("{sub}/skip/100"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");
+    a.ok(
+        "POST",
+        &format!("{sub}/resetcursor"),
+        Some(r#"{"ledgerId":-1,"entryId":-1}"#),
+    )
+    .await;
+
+    // Expiry by age: nothing is an hour old; everything is a second old
+    // once two seconds have passed since the produce.
+    let expire = format!("{base}/orders/all_subscription/expireMessages");
+    a.ok("POST", &format!("{expire}/3600"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 10, "{stats}");
+    assert_eq!(a.status("POST", &format!("{expire}/0"), None).await, 400);
+    let aged = produced_at + Duration::from_secs(2);
+    tokio::time::sleep_until(aged).await;
+    a.ok("POST", &format!("{expire}/1"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");
+
     // Skip all, then reset to the earliest: the backlog follows.
+    a.ok(
+        "POST",
+        &format!("{sub}/resetcursor"),
+        Some(r#"{"ledgerId":-1,"entryId":-1}"#),
+    )
+    .await;
     a.ok(
         "POST",
         &format!("{base}/orders/subscription/audit/skip_all"),

@@ -318,6 +318,18 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "POST",
         "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/resetcursor",
     ),
+    (
+        "POST",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/skip/{count}",
+    ),
+    (
+        "GET",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/position/{position}",
+    ),
+    (
+        "POST",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/all_subscription/expireMessages/{seconds}",
+    ),
 ];
 
 fn method_filter(m: &str) -> MethodFilter {
@@ -417,6 +429,9 @@ fn table() -> Table {
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/skip_all", tp::skip_all)
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/resetcursor/{timestamp}", tp::reset_cursor_time)
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/resetcursor", tp::reset_cursor_id)
+    .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/skip/{count}", tp::skip)
+    .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/position/{position}", tp::peek)
+    .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/all_subscription/expireMessages/{seconds}", tp::expire_all)
 }
 
 /// The admin routes (to merge into the broker's HTTP router), with the body

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::response::IntoResponse;
 use cms_bookie::metadata::{CreateMode, MetadataError};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,7 +30,7 @@ use crate::admin::{
 use crate::consumers::message_counter;
 use crate::managed_ledger::io::SeekTarget;
 use crate::managed_ledger::io::managed_ledger::node_path;
-use crate::managed_ledger::{InitialPosition, Position};
+use crate::managed_ledger::{InitialPosition, LedgerList, Position};
 use crate::partitioned::{self, PartitionedError};
 use crate::service::BrokerState;
 use crate::subscription::{SubError, Subscription, SubscriptionConfig};
@@ -565,6 +566,162 @@ pub async fn skip_all(State(s): St, p: Params) -> AdminResult {
     Ok(no_content())
 }
 
+/// The `k`-th entry after `after` (k >= 1), skipping empty, trimmed and
+/// missing ledgers; None when fewer than `k` entries follow. Pure.
+pub fn nth_entry_after(list: &LedgerList, after: Position, k: u64) -> Option<Position> {
+    let first = list.next_valid_position(after)?;
+    let mut left = k.checked_sub(1)?;
+    let mut at = first;
+    for l in list.ledgers() {
+        if l.ledger_id < at.ledger_id || l.entries == 0 {
+            continue;
+        }
+        let start = if l.ledger_id == at.ledger_id {
+            at.entry_id
+        } else {
+            0
+        };
+        let room = l.entries.saturating_sub(start.unsigned_abs());
+        if left < room {
+            let entry = start.checked_add(i64::try_from(left).ok()?)?;
+            return Some(Position::new(l.ledger_id, entry));
+        }
+        left -= room;
+        at = Position::new(l.ledger_id.saturating_add(1), 0);
+    }
+    None
+}
+
+fn count_param(p: &Params, name: &str) -> Result<u64, AdminError> {
+    let v = p.get(name)?;
+    v.parse::<u64>().map_err(|_| {
+        AdminError::BadRequest(format!("{name} must be a non-negative integer, got {v:?}"))
+    })
+}
+
+/// `POST .../subscription/{subscription}/skip/{count}`: acknowledges the
+/// next `count` entries after the mark-delete (all of them if fewer).
+pub async fn skip(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let n = count_param(&p, "count")?;
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    if n > 0 {
+        let md = sub.stats().mark_delete;
+        let target = match nth_entry_after(&topic.ml.ledgers(), md, n.saturating_add(1)) {
+            Some(p) => SeekTarget::Position(p),
+            None => SeekTarget::Latest,
+        };
+        sub.seek(target).await.map_err(sub_error)?;
+    }
+    info!(topic = %t, subscription = name, count = n, "entries skipped");
+    Ok(no_content())
+}
+
+/// `POST .../all_subscription/expireMessages/{seconds}`: every durable
+/// subscription acknowledges the entries older than `seconds`.
+pub async fn expire_all(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let secs = count_param(&p, "seconds")?;
+    if secs == 0 {
+        return Err(AdminError::BadRequest("seconds must be >= 1".into()));
+    }
+    let topic = load(&s, &t).await?;
+    // Durable subscriptions stored but not open yet get their cursors
+    // opened, so they expire too.
+    for name in stored_subscriptions(&s, &t).await? {
+        if names::check("subscription", &name).is_ok() {
+            let _ = open_subscription(&s, &t, &topic, &name).await?;
+        }
+    }
+    let moved = topic
+        .ml
+        .expire_messages(secs)
+        .await
+        .map_err(|e| AdminError::Unavailable(format!("expiring messages of {t}: {e}")))?;
+    info!(topic = %t, seconds = secs, subscriptions = ?moved, "messages expired");
+    Ok(no_content())
+}
+
+/// `GET .../subscription/{subscription}/position/{n}` (peek): the `n`-th
+/// entry after the mark-delete (n >= 1), as Pulsar answers it: the payload
+/// bytes with `X-Pulsar-*` headers.
+pub async fn peek(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let n = count_param(&p, "position")?;
+    if n == 0 {
+        return Err(AdminError::BadRequest("position starts at 1".into()));
+    }
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    let md = sub.stats().mark_delete;
+    let Some(pos) = nth_entry_after(&topic.ml.ledgers(), md, n) else {
+        return Err(AdminError::NotFound(format!(
+            "subscription {name} of {t} has fewer than {n} entries in its backlog"
+        )));
+    };
+    let entries = topic
+        .ml
+        .read(pos, 1)
+        .await
+        .map_err(|e| AdminError::Unavailable(format!("reading {t} at {pos:?}: {e}")))?;
+    let Some(entry) = entries.into_iter().find(|e| e.position == pos) else {
+        return Err(AdminError::Unavailable(format!(
+            "entry {} of {t} not readable",
+            position_json(pos)
+        )));
+    };
+    let parsed = cms_client::proto::frame::parse_entry(&entry.payload).map_err(|e| {
+        AdminError::Internal(format!("stored entry {} of {t}: {e}", position_json(pos)))
+    })?;
+    let payload = entry.payload.slice(parsed.payload.clone());
+    let m = &parsed.metadata;
+    let mut headers = axum::http::HeaderMap::new();
+    let mut put = |k: &'static str, v: String| {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&v) {
+            headers.insert(k, v);
+        }
+    };
+    put("X-Pulsar-Message-ID", position_json(pos));
+    put("X-Pulsar-publish-time", m.publish_time.to_string());
+    put("X-Pulsar-producer-name", m.producer_name.clone());
+    put("X-Pulsar-sequence-id", m.sequence_id.to_string());
+    put(
+        "X-Pulsar-num-batch-message",
+        parsed.num_messages().to_string(),
+    );
+    if let Some(k) = &m.partition_key {
+        put("X-Pulsar-partition-key", k.clone());
+    }
+    for kv in &m.properties {
+        if kv
+            .key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            headers.insert(
+                match axum::http::HeaderName::from_bytes(
+                    format!("X-Pulsar-PROPERTY-{}", kv.key).as_bytes(),
+                ) {
+                    Ok(h) => h,
+                    Err(_) => continue,
+                },
+                match axum::http::HeaderValue::from_str(&kv.value) {
+                    Ok(v) => v,
+                    Err(_) => continue,
+                },
+            );
+        }
+    }
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok((axum::http::StatusCode::OK, headers, payload).into_response())
+}
+
 /// `POST .../subscription/{subscription}/resetcursor/{timestamp}`: refused
 /// (412) until the subscription can seek by publish time.
 pub async fn reset_cursor_time(State(s): St, p: Params) -> AdminResult {
@@ -589,4 +746,41 @@ pub async fn reset_cursor_id(State(s): St, p: Params, body: Body) -> AdminResult
     sub.seek(target).await.map_err(sub_error)?;
     info!(topic = %t, subscription = name, ?target, "cursor reset");
     Ok(no_content())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(spec: &[(u64, u64)]) -> LedgerList {
+        let mut l = LedgerList::new();
+        for &(id, entries) in spec {
+            l.add_ledger(id, 0).unwrap();
+            for e in 0..entries {
+                l.record_add(id, e as i64, 10).unwrap();
+            }
+            l.record_closed(id, entries, entries * 10, 1).unwrap();
+        }
+        l
+    }
+
+    #[test]
+    fn nth_entry_after_walks_across_ledgers() {
+        let l = list(&[(3, 2), (5, 0), (7, 3)]);
+        let p = Position::new;
+        let cases = [
+            (p(3, -1), 1, Some(p(3, 0))),
+            (p(3, -1), 2, Some(p(3, 1))),
+            (p(3, -1), 3, Some(p(7, 0))),
+            (p(3, 0), 4, Some(p(7, 2))),
+            (p(3, 0), 5, None),
+            (p(3, 1), 1, Some(p(7, 0))),
+            (p(7, 2), 1, None),
+            (p(0, -1), 1, Some(p(3, 0))),
+            (p(3, -1), 0, None),
+        ];
+        for (after, k, want) in cases {
+            assert_eq!(nth_entry_after(&l, after, k), want, "{after:?} {k}");
+        }
+    }
 }
