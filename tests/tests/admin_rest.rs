@@ -11,8 +11,9 @@ use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, run_python, start_bookie
 use cms_tests::harness::zookeeper::ZooKeeper;
 use serde_json::{Value, json};
 
-/// Bound on one admin request, in milliseconds (a topic load included).
-const ADMIN_REQUEST_TIMEOUT_MS: u64 = 20_000;
+/// Bound on one admin request, in milliseconds (a topic load or a bookie's
+/// read-only switch included).
+const ADMIN_REQUEST_TIMEOUT_MS: u64 = 40_000;
 
 struct Admin {
     client: reqwest::Client,
@@ -1107,4 +1108,88 @@ async fn queues_are_shared_by_several_consumers_purged_and_deleted() {
         0
     );
     assert!(a.get(q).await.as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookies_and_ledgers() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let a = Admin::new(broker.http());
+    let url = broker.service_url();
+
+    let bookies = a.get("/admin/v2/bookies").await;
+    assert_eq!(bookies.as_array().unwrap().len(), 1, "{bookies}");
+    let id = bookies[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(bookies[0]["state"], "available");
+    assert!(bookies[0]["totalBytes"].as_u64().unwrap() > 0, "{bookies}");
+    let one = a.get(&format!("/admin/v2/bookies/{id}")).await;
+    assert_eq!(one["id"], id.as_str());
+    assert_eq!(a.status("GET", "/admin/v2/bookies/ghost", None).await, 404);
+    assert_eq!(a.status("GET", "/admin/v2/bookies/a%20b", None).await, 400);
+
+    // The read-only switch, both ways.
+    let ro = format!("/admin/v2/bookies/{id}/readonly");
+    assert_eq!(
+        a.status("PUT", &ro, Some(r#"{"readonly":"yes"}"#)).await,
+        400
+    );
+    assert_eq!(a.status("PUT", &ro, Some("{}")).await, 400);
+    assert_eq!(
+        a.status(
+            "PUT",
+            "/admin/v2/bookies/ghost/readonly",
+            Some(r#"{"readonly":true}"#)
+        )
+        .await,
+        404
+    );
+    let on = a.ok("PUT", &ro, Some(r#"{"readonly":true}"#)).await;
+    assert_eq!(on["state"], "readonly", "{on}");
+    assert_eq!(
+        a.get(&format!("/admin/v2/bookies/{id}")).await["state"],
+        "readonly"
+    );
+    let off = a.ok("PUT", &ro, Some(r#"{"readonly":false}"#)).await;
+    assert_eq!(off["state"], "available", "{off}");
+
+    // Decommission: refused while the bookie runs; a bookie no ledger names
+    // is done at once.
+    assert_eq!(
+        a.status(
+            "POST",
+            &format!("/admin/v2/bookies/{id}/decommission"),
+            None
+        )
+        .await,
+        409
+    );
+    let gone = a
+        .ok("POST", "/admin/v2/bookies/gone-bookie/decommission", None)
+        .await;
+    assert_eq!(gone["done"], true, "{gone}");
+    assert_eq!(gone["ledgersLeft"], 0, "{gone}");
+    assert_eq!(a.get("/admin/v2/ledgers/underreplicated").await, json!([]));
+
+    // A topic's ledger, as the metadata has it.
+    let run = run_python(
+        "produce.py",
+        &["--url", &url, "--topic", "ledgers", "--count", "3"],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let internal = a
+        .get("/admin/v2/persistent/public/default/ledgers/internalStats")
+        .await;
+    let ledger = internal["ledgers"][0]["ledgerId"]
+        .as_u64()
+        .expect("a ledger");
+    let md = a.get(&format!("/admin/v2/ledgers/{ledger}")).await;
+    assert_eq!(md["ensembleSize"], 1, "{md}");
+    assert_eq!(md["segments"][0]["ensemble"], json!([id]), "{md}");
+    assert!(md.get("password").is_none(), "{md}");
+    assert_eq!(a.status("GET", "/admin/v2/ledgers/abc", None).await, 400);
+    assert_eq!(
+        a.status("GET", "/admin/v2/ledgers/987654321", None).await,
+        404
+    );
 }

@@ -1,8 +1,7 @@
-//! `/admin/v2/clusters`, `/admin/v2/brokers`, `/admin/v2/bookies`: the
-//! cluster of this deployment (one cluster per metadata store, its name from
-//! `/cms/cluster`), the registered brokers (`/cms/brokers`) and the bookies
-//! as the ledger client sees them (`/cms/bookies/{available,readonly}`).
-//! Read-only views; nothing here writes.
+//! `/admin/v2/clusters`, `/admin/v2/brokers`: the cluster of this
+//! deployment (one cluster per metadata store, its name from
+//! `/cms/cluster`) and the registered brokers (`/cms/brokers`). Read-only
+//! views; nothing here writes.
 
 use axum::extract::State;
 use serde_json::json;
@@ -54,23 +53,4 @@ pub async fn broker_health(State(s): St) -> AdminResult {
     } else {
         Err(AdminError::Unavailable("broker is not serving".into()))
     }
-}
-
-/// `GET /bookies`: every registered bookie with its state and rack.
-pub async fn list_bookies(State(s): St) -> AdminResult {
-    let mut bookies = s.client.bookies();
-    bookies.sort_by_key(|a| a.id.to_string());
-    let out: Vec<_> = bookies
-        .into_iter()
-        .map(|b| {
-            json!({
-                "id": b.id.to_string(),
-                "endpoint": b.endpoint,
-                "incarnation": b.incarnation,
-                "rack": b.rack,
-                "state": if b.writable { "available" } else { "readonly" },
-            })
-        })
-        .collect();
-    Ok(ok_json(json!(out)))
 }

@@ -13,6 +13,7 @@
 //! ([`ADMIN_BODY_BYTES_MAX`]); every metadata update is a read-modify-CAS on
 //! the node version, retried at most [`store::CAS_RETRIES_MAX`] times.
 
+pub mod bookies;
 pub mod clusters;
 pub mod names;
 pub mod namespaces;
@@ -237,6 +238,11 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
     ("GET", "/admin/v2/brokers"),
     ("GET", "/admin/v2/brokers/health"),
     ("GET", "/admin/v2/bookies"),
+    ("GET", "/admin/v2/bookies/{bookie}"),
+    ("PUT", "/admin/v2/bookies/{bookie}/readonly"),
+    ("POST", "/admin/v2/bookies/{bookie}/decommission"),
+    ("GET", "/admin/v2/ledgers/underreplicated"),
+    ("GET", "/admin/v2/ledgers/{ledger}"),
     ("GET", "/admin/v2/tenants"),
     ("GET", "/admin/v2/tenants/{tenant}"),
     ("PUT", "/admin/v2/tenants/{tenant}"),
@@ -376,6 +382,7 @@ async fn openapi() -> Response {
 }
 
 fn table() -> Table {
+    use bookies as bk;
     use clusters as c;
     use namespaces as n;
     use queues as q;
@@ -392,7 +399,12 @@ fn table() -> Table {
     .add("GET", "/admin/v2/clusters/{cluster}", c::get_cluster)
     .add("GET", "/admin/v2/brokers", c::list_brokers)
     .add("GET", "/admin/v2/brokers/health", c::broker_health)
-    .add("GET", "/admin/v2/bookies", c::list_bookies)
+    .add("GET", "/admin/v2/bookies", bk::list)
+    .add("GET", "/admin/v2/bookies/{bookie}", bk::get)
+    .add("PUT", "/admin/v2/bookies/{bookie}/readonly", bk::set_readonly)
+    .add("POST", "/admin/v2/bookies/{bookie}/decommission", bk::decommission)
+    .add("GET", "/admin/v2/ledgers/underreplicated", bk::underreplicated)
+    .add("GET", "/admin/v2/ledgers/{ledger}", bk::ledger)
     .add("GET", "/admin/v2/tenants", t::list)
     .add("GET", "/admin/v2/tenants/{tenant}", t::get)
     .add("PUT", "/admin/v2/tenants/{tenant}", t::create)
