@@ -99,7 +99,7 @@ pub fn router(state: Arc<BrokerState>) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
-        .merge(crate::admin::router())
+        .merge(crate::admin::router(&state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -16,7 +16,8 @@
 //! - [`service`], [`connection`], [`consumers`], [`subscriptions`] — the
 //!   Pulsar protocol port: accept loop with connection limits, one task per
 //!   connection, consumer commands on the topic's subscriptions;
-//! - [`http`], [`metrics`] — `/health`, `/ready`, `/metrics`;
+//! - [`http`], [`metrics`], [`topic_metrics`] — `/health`, `/ready`,
+//!   `/metrics` (per-topic series with tenant / namespace / topic labels);
 //! - [`admin`] — the admin REST API (`/admin/v2`);
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
@@ -36,5 +37,6 @@ pub mod standalone;
 pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
+pub mod topic_metrics;
 pub mod topic_name;
 pub mod topics;

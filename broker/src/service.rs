@@ -261,6 +261,12 @@ pub async fn run(
         topics_loaded_max: config.topics_loaded_max,
         tick_interval_ms: config.topic_tick_interval_ms,
     });
+    registry
+        .register(Box::new(
+            crate::topic_metrics::TopicCollector::new(topics.clone())
+                .map_err(|e| BrokerError::Io(e.to_string()))?,
+        ))
+        .map_err(|e| BrokerError::Io(e.to_string()))?;
     let state = Arc::new(BrokerState {
         config,
         mode,

@@ -103,6 +103,29 @@ async fn peek(a: &Admin, path: &str) -> (u16, String, String) {
     (status, body, id)
 }
 
+/// The value of the sample of metric `name` whose labels include every
+/// `key="value"` of `labels`, from the broker's `/metrics`.
+async fn sample(a: &Admin, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let text = a
+        .client
+        .get(format!("http://{}/metrics", a.addr))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .unwrap_or_else(|| panic!("not an array: {v}"))
@@ -561,6 +584,32 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
     assert!(
         internal["cursors"]["audit"]["markDeletePosition"].is_string(),
         "{internal}"
+    );
+
+    // Per-topic metrics with tenant / namespace / topic labels.
+    let orders = [
+        ("tenant", "public"),
+        ("namespace", "default"),
+        ("topic", "persistent://public/default/orders"),
+    ];
+    assert_eq!(sample(&a, "cms_topic_entries", &orders).await, Some(10.0));
+    let audit = [orders[0], orders[1], orders[2], ("subscription", "audit")];
+    assert_eq!(
+        sample(&a, "cms_subscription_backlog_entries", &audit).await,
+        Some(10.0)
+    );
+    assert!(
+        sample(
+            &a,
+            "cms_admin_requests_total",
+            &[
+                ("method", "PUT"),
+                ("route", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}"),
+                ("status", "409")
+            ]
+        )
+        .await
+        .is_some_and(|n| n >= 1.0)
     );
 
     // Peek: the n-th entry after the mark-delete, payload and headers.

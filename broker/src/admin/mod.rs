@@ -446,11 +446,54 @@ fn table() -> Table {
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/all_subscription/expireMessages/{seconds}", tp::expire_all)
 }
 
+/// `cms_admin_requests_total{method, route, status}`: route is the path
+/// template (bounded by the route table), registered in `registry`.
+fn request_counter(registry: &prometheus::Registry) -> Option<prometheus::IntCounterVec> {
+    let c = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "cms_admin_requests_total",
+            "Admin REST requests by method, route template and status code",
+        ),
+        &["method", "route", "status"],
+    )
+    .and_then(|c| registry.register(Box::new(c.clone())).map(|()| c));
+    match c {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(error = %e, "admin request metrics not registered");
+            None
+        }
+    }
+}
+
 /// The admin routes (to merge into the broker's HTTP router), with the body
-/// bound.
-pub fn router() -> Router<Arc<BrokerState>> {
+/// bound and the request counter (in `state`'s registry).
+pub fn router(state: &Arc<BrokerState>) -> Router<Arc<BrokerState>> {
+    let counter = request_counter(&state.registry);
     table()
         .router
+        .route_layer(axum::middleware::from_fn(
+            move |req: Request, next: axum::middleware::Next| {
+                let counter = counter.clone();
+                async move {
+                    let method = req.method().as_str().to_string();
+                    let route = req
+                        .extensions()
+                        .get::<axum::extract::MatchedPath>()
+                        .map_or_else(String::new, |m| m.as_str().to_string());
+                    let resp = next.run(req).await;
+                    if let Some(c) = &counter {
+                        c.with_label_values(&[
+                            method.as_str(),
+                            route.as_str(),
+                            resp.status().as_str(),
+                        ])
+                        .inc();
+                    }
+                    resp
+                }
+            },
+        ))
         .layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX))
 }
 
