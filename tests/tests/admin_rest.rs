@@ -1138,6 +1138,70 @@ async fn queues_are_shared_by_several_consumers_purged_and_deleted() {
     assert_eq!(received, want);
     assert_eq!(a.get(&format!("{q}/jobs/stats")).await["msgBacklog"], 0);
 
+    // Dead letters: a consumer applying the queue's settings sends what it
+    // cannot process to the queue's DLQ after maxRedeliveries.
+    a.ok(
+        "PUT",
+        &format!("{q}/risky"),
+        Some(r#"{"maxRedeliveries":2}"#),
+    )
+    .await;
+    let info = a.get(&format!("{q}/risky")).await;
+    let dlq = info["deadLetterTopic"].as_str().unwrap().to_string();
+    let run = run_python(
+        "produce.py",
+        &[
+            "--url", &url, "--topic", "risky", "--count", "2", "--prefix", "r-",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let max = info["maxRedeliveries"].to_string();
+    let run = run_python(
+        "queue_dlq.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            "risky",
+            "--dlq",
+            &dlq,
+            "--max-redeliveries",
+            &max,
+            "--count",
+            "2",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(
+        run.ok,
+        "dead-letter run failed: {} / {}",
+        run.json, run.stderr
+    );
+    assert_eq!(run.json["dead"], json!(["r-0", "r-1"]), "{}", run.json);
+    assert_eq!(run.json["deliveries"], 6, "{}", run.json);
+    // The originals are acknowledged once they are in the DLQ.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let stats = a.get(&format!("{q}/risky/stats")).await;
+        if stats["msgBacklog"] == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queue keeps its dead letters: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dead_topic = dlq.trim_start_matches("persistent://");
+    let dead_stats = a
+        .get(&format!("/admin/v2/persistent/{dead_topic}/internalStats"))
+        .await;
+    assert_eq!(dead_stats["numberOfEntries"], 2, "{dead_stats}");
+    a.ok("DELETE", &format!("{q}/risky?force=true"), None).await;
+
     // Purge what is left, then delete.
     let run = run_python(
         "produce.py",
