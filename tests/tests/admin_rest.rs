@@ -534,6 +534,51 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
         vec!["non-persistent://public/default/np"]
     );
 
+    // Partitioned stats: the partitions summed (partition 0 used directly).
+    a.ok("PUT", &format!("{base}/parts-partition-0"), None)
+        .await;
+    a.ok(
+        "PUT",
+        &format!("{base}/parts-partition-0/subscription/s"),
+        Some(r#"{"ledgerId":-1,"entryId":-1}"#),
+    )
+    .await;
+    let run = run_python(
+        "produce.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            "parts-partition-0",
+            "--count",
+            "4",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let ps = a
+        .get(&format!("{base}/parts/partitioned-stats?perPartition=true"))
+        .await;
+    assert_eq!(ps["metadata"]["partitions"], 5, "{ps}");
+    assert_eq!(ps["subscriptions"]["s"]["msgBacklog"], 4, "{ps}");
+    assert!(ps["storageSize"].as_u64().unwrap() > 0, "{ps}");
+    assert_eq!(ps["partitions"].as_object().unwrap().len(), 1, "{ps}");
+    assert_eq!(
+        a.status("GET", &format!("{base}/orders/partitioned-stats"), None)
+            .await,
+        404
+    );
+    assert_eq!(
+        a.status(
+            "GET",
+            &format!("{base}/parts/partitioned-stats?perPartition=2"),
+            None
+        )
+        .await,
+        400
+    );
+
     // Subscriptions: created from the earliest message, then messages come.
     a.ok(
         "PUT",
@@ -584,6 +629,19 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
     assert!(
         internal["cursors"]["audit"]["markDeletePosition"].is_string(),
         "{internal}"
+    );
+
+    let last = a.get(&format!("{base}/orders/lastMessageId")).await;
+    assert_eq!(last["entryId"], 9, "{last}");
+    assert_eq!(
+        internal["lastConfirmedEntry"],
+        format!("{}:9", last["ledgerId"]),
+        "{internal}"
+    );
+    assert_eq!(
+        a.status("GET", &format!("{base}/ghost/lastMessageId"), None)
+            .await,
+        404
     );
 
     // Per-topic metrics with tenant / namespace / topic labels.

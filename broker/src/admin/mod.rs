@@ -336,6 +336,14 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "POST",
         "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/all_subscription/expireMessages/{seconds}",
     ),
+    (
+        "GET",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitioned-stats",
+    ),
+    (
+        "GET",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/lastMessageId",
+    ),
 ];
 
 fn method_filter(m: &str) -> MethodFilter {
@@ -433,6 +441,8 @@ fn table() -> Table {
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions", tp::get_partitioned)
     .add("DELETE", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions", tp::delete_partitioned)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/stats", tp::stats)
+    .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitioned-stats", tp::partitioned_stats)
+    .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/lastMessageId", tp::last_message_id)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/internalStats", tp::internal_stats)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscriptions", tp::subscriptions)
     .add("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/unload", tp::unload)

@@ -347,7 +347,12 @@ pub(crate) async fn open_subscription(
 /// `GET .../{topic}/stats`: Pulsar `TopicStats` (the parts tracked).
 pub async fn stats(State(s): St, p: Params) -> AdminResult {
     let t = topic_of(&p)?;
-    let topic = load(&s, &t).await?;
+    Ok(ok_json(topic_stats(&s, &t).await?))
+}
+
+/// The `TopicStats` JSON of stored topic `t`.
+async fn topic_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError> {
+    let topic = load(s, t).await?;
     let ledgers = topic.ml.ledgers();
     let storage: u64 = ledgers.ledgers().iter().map(|l| l.size_bytes).sum();
     let publishers: Vec<Value> = topic
@@ -389,10 +394,86 @@ pub async fn stats(State(s): St, p: Params) -> AdminResult {
             }),
         );
     }
-    Ok(ok_json(json!({
+    Ok(json!({
         "storageSize": storage,
         "publishers": publishers,
         "subscriptions": subs,
+    }))
+}
+
+/// Adds `part` (a `TopicStats`) into `sum`: sizes and counts added,
+/// publishers appended, subscriptions merged by name. Pure.
+pub fn merge_stats(sum: &mut Value, part: &Value) {
+    let add = |a: &Value, b: &Value| json!(a.as_u64().unwrap_or(0) + b.as_u64().unwrap_or(0));
+    sum["storageSize"] = add(&sum["storageSize"], &part["storageSize"]);
+    let mut publishers = sum["publishers"].as_array().cloned().unwrap_or_default();
+    publishers.extend(part["publishers"].as_array().cloned().unwrap_or_default());
+    sum["publishers"] = json!(publishers);
+    if !sum["subscriptions"].is_object() {
+        sum["subscriptions"] = json!({});
+    }
+    if let Some(subs) = part["subscriptions"].as_object() {
+        for (name, st) in subs {
+            let into = &mut sum["subscriptions"][name.as_str()];
+            if into.is_null() {
+                *into = st.clone();
+                continue;
+            }
+            for k in ["msgBacklog", "unackedMessages"] {
+                into[k] = add(&into[k], &st[k]);
+            }
+            let mut consumers = into["consumers"].as_array().cloned().unwrap_or_default();
+            consumers.extend(st["consumers"].as_array().cloned().unwrap_or_default());
+            into["consumers"] = json!(consumers);
+        }
+    }
+}
+
+/// `GET .../{topic}/partitioned-stats` (`?perPartition=true` adds each
+/// partition's stats): the partitions' stats summed. Partitions never used
+/// (not stored yet) count as empty.
+pub async fn partitioned_stats(State(s): St, p: Params, q: QueryParams) -> AdminResult {
+    let t = topic_of(&p)?;
+    let per_partition = q.flag("perPartition")?;
+    let Some(n) = partitioned::partitions(&*s.store, &s.layout, &t)
+        .await
+        .map_err(partitioned_error)?
+    else {
+        return Err(AdminError::NotFound(format!(
+            "partitioned topic {t} does not exist"
+        )));
+    };
+    persistent_only(&t)?;
+    let mut sum = json!({"storageSize": 0, "publishers": [], "subscriptions": {}});
+    let mut parts = serde_json::Map::new();
+    for i in 0..n {
+        let part = partitioned::partition_name(&t, i);
+        if !stored(&s, &part).await? {
+            continue;
+        }
+        let st = topic_stats(&s, &part).await?;
+        merge_stats(&mut sum, &st);
+        if per_partition {
+            parts.insert(part.to_string(), st);
+        }
+    }
+    sum["metadata"] = json!({ "partitions": n });
+    if per_partition {
+        sum["partitions"] = Value::Object(parts);
+    }
+    Ok(ok_json(sum))
+}
+
+/// `GET .../{topic}/lastMessageId`: the last stored entry
+/// (`{"ledgerId","entryId","partitionIndex":-1}`).
+pub async fn last_message_id(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let topic = load(&s, &t).await?;
+    let last = topic.ml.last_confirmed();
+    Ok(ok_json(json!({
+        "ledgerId": last.ledger_id,
+        "entryId": last.entry_id,
+        "partitionIndex": -1,
     })))
 }
 
@@ -762,6 +843,30 @@ mod tests {
             l.record_closed(id, entries, entries * 10, 1).unwrap();
         }
         l
+    }
+
+    #[test]
+    fn partition_stats_add_up() {
+        let mut sum = json!({"storageSize": 0, "publishers": [], "subscriptions": {}});
+        let p0 = json!({"storageSize": 10, "publishers": [{"producerName": "a"}],
+            "subscriptions": {"s": {"msgBacklog": 2, "unackedMessages": 1, "consumers": [{"consumerName": "x"}]}}});
+        let p1 = json!({"storageSize": 5, "publishers": [],
+            "subscriptions": {"s": {"msgBacklog": 3, "unackedMessages": 0, "consumers": [{"consumerName": "y"}]},
+                              "t": {"msgBacklog": 7, "unackedMessages": 0, "consumers": []}}});
+        merge_stats(&mut sum, &p0);
+        merge_stats(&mut sum, &p1);
+        assert_eq!(sum["storageSize"], 15);
+        assert_eq!(sum["publishers"].as_array().unwrap().len(), 1);
+        assert_eq!(sum["subscriptions"]["s"]["msgBacklog"], 5);
+        assert_eq!(sum["subscriptions"]["s"]["unackedMessages"], 1);
+        assert_eq!(
+            sum["subscriptions"]["s"]["consumers"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(sum["subscriptions"]["t"]["msgBacklog"], 7);
     }
 
     #[test]
