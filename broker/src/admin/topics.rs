@@ -361,10 +361,10 @@ async fn topic_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError
         .map(|(name, mode)| json!({"producerName": name, "accessMode": format!("{mode:?}")}))
         .collect();
     let mut subs = serde_json::Map::new();
-    for name in stored_subscriptions(&s, &t).await? {
+    for name in stored_subscriptions(s, t).await? {
         if names::check("subscription", &name).is_ok() {
             // Opening restores the stored cursor; it does not move it.
-            let _ = open_subscription(&s, &t, &topic, &name).await?;
+            let _ = open_subscription(s, t, &topic, &name).await?;
         }
     }
     for sub in topic.subscriptions.open_now().await {
