@@ -399,6 +399,7 @@ async fn tenants_namespaces_and_policies_with_good_and_bad_input() {
         Some("2"),
     )
     .await;
+    a.ok("PUT", "/admin/v2/queues/acme/orders/q1", None).await;
     assert_eq!(a.status("DELETE", ns, None).await, 409);
     assert_eq!(
         a.status("DELETE", &format!("{ns}?force=maybe"), None).await,
@@ -406,6 +407,15 @@ async fn tenants_namespaces_and_policies_with_good_and_bad_input() {
     );
     a.ok("DELETE", &format!("{ns}?force=true"), None).await;
     assert_eq!(a.status("GET", ns, None).await, 404);
+    // Nothing of the old namespace comes back with a new one of that name.
+    a.ok("PUT", ns, None).await;
+    assert_eq!(a.get("/admin/v2/queues/acme/orders").await, json!([]));
+    assert_eq!(a.get(&format!("{ns}/topics")).await, json!([]));
+    assert_eq!(
+        a.get("/admin/v2/persistent/acme/orders/partitioned").await,
+        json!([])
+    );
+    a.ok("DELETE", ns, None).await;
     assert_eq!(
         a.status("GET", "/admin/v2/persistent/acme/orders/t1/stats", None)
             .await,
@@ -748,15 +758,20 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
         .await,
         400
     );
-    assert_eq!(
-        a.status(
-            "POST",
-            &format!("{base}/orders/subscription/audit/resetcursor/123"),
-            None
-        )
-        .await,
-        412
-    );
+    // Reset by publish time: past the last message, then before the first.
+    let future_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 3_600_000;
+    a.ok("POST", &format!("{sub}/resetcursor/{future_ms}"), None)
+        .await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");
+    a.ok("POST", &format!("{sub}/resetcursor/1"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 10, "{stats}");
+    assert_eq!(peek(&a, &format!("{sub}/position/1")).await.1, "msg-0");
     assert_eq!(
         a.status(
             "POST",

@@ -11,8 +11,8 @@
 //! `/cms/admin/namespaces/<t>/<ns>`; every change is a read-modify-CAS.
 //! [`policy_get`] and [`policy_apply`] are pure (no I/O) and unit-tested.
 //! Promises: a namespace is created only under an existing tenant; delete
-//! answers 409 while the namespace has topics unless `force=true` (then its
-//! topics are deleted first); a value is validated before it is stored.
+//! answers 409 while the namespace has topics or queues unless `force=true`
+//! (then its topics and queues are deleted first); a value is validated before it is stored.
 
 use axum::extract::State;
 use serde::de::DeserializeOwned;
@@ -315,6 +315,14 @@ pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
                 .map_err(topics::partitioned_error)?,
         );
     }
+    let queues_dir = crate::admin::queues::queues_dir(&s, &t, &ns);
+    let queues = store::children(&*s.store, &queues_dir).await?;
+    if !force && !queues.is_empty() {
+        return Err(AdminError::Conflict(format!(
+            "namespace {t}/{ns} still has {} queue(s); delete them or use force=true",
+            queues.len()
+        )));
+    }
     if !force && (!stored.is_empty() || !part.is_empty()) {
         return Err(AdminError::Conflict(format!(
             "namespace {t}/{ns} still has {} topic(s) and {} partitioned topic(s); delete them or use force=true",
@@ -324,6 +332,19 @@ pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
     }
     for topic in &stored {
         topics::delete_stored_topic(&s, topic, true).await?;
+    }
+    for q in &queues {
+        match s
+            .store
+            .delete(
+                &cms_bookie::metadata::join(&queues_dir, q),
+                cms_bookie::metadata::Expected::Any,
+            )
+            .await
+        {
+            Ok(()) | Err(cms_bookie::metadata::MetadataError::NoNode(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     for topic in &part {
         match partitioned::delete(&*s.store, &s.layout, topic).await {

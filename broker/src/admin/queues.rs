@@ -133,7 +133,8 @@ pub fn queue_info(topic: &TopicName, o: &QueueOptions) -> Result<QueueInfo, Admi
     })
 }
 
-fn queues_dir(s: &BrokerState, t: &str, ns: &str) -> String {
+/// The folder of the queue nodes of `t/ns`.
+pub(crate) fn queues_dir(s: &BrokerState, t: &str, ns: &str) -> String {
     let admin = parent_of(&s.layout.tenants()).unwrap_or("/").to_string();
     join(&join(&join(&admin, "queues"), t), ns)
 }

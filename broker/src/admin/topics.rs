@@ -803,18 +803,28 @@ pub async fn peek(State(s): St, p: Params) -> AdminResult {
     Ok((axum::http::StatusCode::OK, headers, payload).into_response())
 }
 
-/// `POST .../subscription/{subscription}/resetcursor/{timestamp}`: refused
-/// (412) until the subscription can seek by publish time.
+/// `POST .../subscription/{subscription}/resetcursor/{timestamp}`: moves
+/// the cursor to the first entry published at or after `timestamp` (ms
+/// since the epoch; the end if none is).
 pub async fn reset_cursor_time(State(s): St, p: Params) -> AdminResult {
     let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
     let ts = p.get("timestamp")?;
-    ts.parse::<u64>().map_err(|_| {
+    let ts = ts.parse::<u64>().map_err(|_| {
         AdminError::BadRequest(format!("timestamp must be ms since the epoch, got {ts:?}"))
     })?;
-    let _ = load(&s, &t).await?;
-    Err(AdminError::PreconditionFailed(
-        "reset by publish time is not supported yet; reset to a message id instead".into(),
-    ))
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    let found = sub
+        .seek_publish_time(ts, |entry| {
+            cms_client::proto::frame::parse_entry(entry)
+                .ok()
+                .map(|p| p.metadata.publish_time)
+        })
+        .await
+        .map_err(sub_error)?;
+    info!(topic = %t, subscription = name, timestamp = ts, ?found, "cursor reset by time");
+    Ok(no_content())
 }
 
 /// `POST .../subscription/{subscription}/resetcursor` with a `MessageId`.
