@@ -65,7 +65,8 @@ pub struct BrokerConfig {
     pub ack_quorum: usize,
 
     /// Largest message (metadata + payload) accepted, in bytes; told to
-    /// clients in CONNECTED.
+    /// clients in CONNECTED, capped there by what one ledger entry holds (a
+    /// message over that bound is refused alone with SEND_ERROR NotAllowed).
     #[arg(long, default_value_t = MESSAGE_BYTES_MAX_DEFAULT)]
     pub message_bytes_max: usize,
     /// Publishes in flight (received, not yet receipted) per connection; the
@@ -97,6 +98,14 @@ pub struct BrokerConfig {
     /// Create topics (and subscriptions) on first use.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_auto_topic_creation: bool,
+    /// What auto-creation creates when a client asks for a missing topic's
+    /// partitions: `non-partitioned` or `partitioned` (namespaces may
+    /// override with `autoTopicCreationOverride`).
+    #[arg(long, value_enum, default_value_t = crate::tenancy::AutoTopicType::NonPartitioned)]
+    pub allow_auto_topic_creation_type: crate::tenancy::AutoTopicType,
+    /// Partitions of an auto-created partitioned topic.
+    #[arg(long, default_value_t = 1)]
+    pub default_num_partitions: u32,
     /// Broker-wide entry cache (tailing reads), in bytes.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
     pub entry_cache_bytes_max: usize,
@@ -202,6 +211,14 @@ impl BrokerConfig {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
             }
+        }
+        if self.default_num_partitions == 0
+            || self.default_num_partitions > crate::partitioned::PARTITIONS_MAX
+        {
+            return Err(invalid(
+                "default_num_partitions",
+                format!("must be within 1..={}", crate::partitioned::PARTITIONS_MAX),
+            ));
         }
         if self.keep_alive_interval_s == 0 {
             return Err(invalid("keep_alive_interval_s", "must be at least 1"));

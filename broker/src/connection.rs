@@ -48,6 +48,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::consumers::Consumers;
+use crate::managed_ledger::io::MlError;
 use crate::managed_ledger::io::managed_ledger::PendingAppend;
 use crate::producers::{AccessMode, ProducerRefusal, ProducerRequest};
 use crate::service::BrokerState;
@@ -442,10 +443,15 @@ impl Conn {
             | Type::CloseConsumer
             | Type::ConsumerStats
             | Type::GetLastMessageId => crate::consumers::on_command(self, ty, &cmd).await,
-            Type::GetTopicsOfNamespace
-            | Type::GetSchema
-            | Type::GetOrCreateSchema
-            | Type::AuthResponse => {
+            Type::GetTopicsOfNamespace => {
+                let c = cmd
+                    .get_topics_of_namespace
+                    .as_ref()
+                    .ok_or_else(|| missing("GET_TOPICS_OF_NAMESPACE"))?;
+                self.on_get_topics_of_namespace(c).await;
+                Ok(())
+            }
+            Type::GetSchema | Type::GetOrCreateSchema | Type::AuthResponse => {
                 self.send_error(
                     request_id_of(&cmd),
                     (
@@ -482,7 +488,16 @@ impl Conn {
         let client = c.protocol_version.unwrap_or(0);
         self.protocol_version = client.clamp(0, PROTOCOL_VERSION_MAX);
         self.connected = true;
-        let max = i32::try_from(self.state.config.message_bytes_max).unwrap_or(i32::MAX);
+        // What one ledger entry holds, less the frame padding the message
+        // metadata may use: a client keeps its payloads within this, so a
+        // `message_bytes_max` above the storage bound is not advertised.
+        let storage_max = self
+            .state
+            .client
+            .entry_payload_bytes_max()
+            .saturating_sub(crate::config::FRAME_PADDING_BYTES);
+        let max =
+            i32::try_from(self.state.config.message_bytes_max.min(storage_max)).unwrap_or(i32::MAX);
         debug!(
             client_version = %c.client_version,
             protocol_version = self.protocol_version,
@@ -515,9 +530,30 @@ impl Conn {
     }
 
     async fn on_partitioned_metadata(&self, c: &CommandPartitionedTopicMetadata) {
-        match self.check_topic(&c.topic).await {
-            Ok(_) => {
-                self.send(commands::partitioned_metadata_response(c.request_id, 0))
+        let count = match TopicName::parse(&c.topic) {
+            Ok(name) => {
+                let ctx = self.state.topics.context();
+                let cfg = &self.state.config;
+                // `metadata_auto_creation_enabled=false` (PIP-344): never create here.
+                let broker_auto = crate::tenancy::AutoCreation {
+                    allowed: cfg.allow_auto_topic_creation,
+                    topic_type: cfg.allow_auto_topic_creation_type,
+                    partitions: cfg.default_num_partitions,
+                };
+                crate::topic_discovery::partition_count(
+                    &*ctx.store,
+                    &ctx.layout,
+                    &name,
+                    broker_auto,
+                    c.metadata_auto_creation_enabled.unwrap_or(true),
+                )
+                .await
+            }
+            Err(e) => Err((ServerError::InvalidTopicName, e.to_string())),
+        };
+        match count {
+            Ok(n) => {
+                self.send(commands::partitioned_metadata_response(c.request_id, n))
                     .await
             }
             Err((code, msg)) => {
@@ -528,6 +564,34 @@ impl Conn {
                 ))
                 .await
             }
+        }
+    }
+
+    async fn on_get_topics_of_namespace(
+        &self,
+        c: &cms_client::proto::pulsar::CommandGetTopicsOfNamespace,
+    ) {
+        let ctx = self.state.topics.context();
+        let r = crate::topic_discovery::topics_of_namespace(
+            &*ctx.store,
+            &ctx.layout,
+            &c.namespace,
+            crate::topic_discovery::ListMode::from_wire(c.mode),
+            c.topics_pattern.as_deref(),
+            c.topics_hash.as_deref(),
+        )
+        .await;
+        match r {
+            Ok(list) => {
+                let mut out = commands::get_topics_of_namespace_response(c.request_id, list.topics);
+                if let Some(resp) = out.get_topics_of_namespace_response.as_mut() {
+                    resp.filtered = Some(list.filtered);
+                    resp.topics_hash = Some(list.hash);
+                    resp.changed = Some(list.changed);
+                }
+                self.send(out).await
+            }
+            Err(e) => self.send_error(c.request_id, e).await,
         }
     }
 
@@ -557,6 +621,10 @@ impl Conn {
     pub async fn load_topic(&self, topic: &str, create: bool) -> Result<Arc<Topic>, ErrorReply> {
         let name =
             TopicName::parse(topic).map_err(|e| (ServerError::InvalidTopicName, e.to_string()))?;
+        {
+            let ctx = self.state.topics.context();
+            crate::topic_discovery::check_use(&*ctx.store, &ctx.layout, &name).await?;
+        }
         let load = self.state.topics.get_or_load(&name, create);
         match tokio::time::timeout(Duration::from_millis(TOPIC_LOAD_TIMEOUT_MS), load).await {
             Ok(Ok(t)) => Ok(t),
@@ -829,6 +897,10 @@ async fn append_task(
             ChecksumState::Valid | ChecksumState::Absent => {
                 match topic.ml.append_pipelined(item.entry.clone()).await {
                     Ok(p) => Pending::Append(item, p),
+                    // Only this message: the topic and the producer stay.
+                    Err(e @ MlError::EntryTooLarge { .. }) => {
+                        Pending::Refused(item, ServerError::NotAllowedError, e.to_string())
+                    }
                     Err(e) => Pending::Failed(item, e.to_string()),
                 }
             }

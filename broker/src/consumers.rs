@@ -15,8 +15,9 @@
 //!   topic is unloaded the consumer gets CLOSE_CONSUMER (G13);
 //! - after a successful SEEK the consumer gets CLOSE_CONSUMER and
 //!   subscribes again (Pulsar's behaviour, which the C++ client expects);
-//! - Exclusive / Failover / Shared; Key_Shared and seek by publish time
-//!   are refused with a clear ERROR.
+//! - Exclusive / Failover / Shared / Key_Shared (AUTO_SPLIT or STICKY with
+//!   the client's `keySharedMeta`; conflicting ranges answer
+//!   ConsumerAssignError); seek by publish time is refused with a clear ERROR.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,14 +25,18 @@ use std::sync::Arc;
 use cms_client::proto::commands;
 use cms_client::proto::frame::{ChecksumState, Frame, PayloadFrame, parse_entry};
 use cms_client::proto::pulsar::{
-    BaseCommand, CommandConsumerStatsResponse, CommandSubscribe, MessageIdData, ServerError,
-    base_command::Type, command_ack::AckType, command_subscribe,
+    BaseCommand, CommandConsumerStatsResponse, CommandSubscribe, KeySharedMeta, MessageIdData,
+    ServerError, base_command::Type, command_ack::AckType, command_subscribe,
 };
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::connection::{CloseReason, Conn, ConnEvent, ErrorReply, Outbound, wait_true};
-use crate::dispatch::{ConsumerId, DispatchError, DispatchLimits, SubType};
+use crate::dispatch::key_shared::validate_ranges;
+use crate::dispatch::{
+    ConsumerId, DispatchError, DispatchLimits, KeySharedError, KeySharedMode, KeySharedSpec,
+    SubType,
+};
 use crate::managed_ledger::io::SeekTarget;
 use crate::managed_ledger::{InitialPosition, Position};
 use crate::subscription::{
@@ -103,6 +108,12 @@ fn sub_error_reply(e: &SubError) -> ErrorReply {
         SubError::Dispatch(DispatchError::CumulativeAckOnShared) => {
             (ServerError::NotAllowedError, e.to_string())
         }
+        SubError::Dispatch(DispatchError::KeyShared(KeySharedError::ModeMismatch { .. })) => {
+            (ServerError::ConsumerBusy, e.to_string())
+        }
+        SubError::Dispatch(DispatchError::KeyShared(_)) => {
+            (ServerError::ConsumerAssignError, e.to_string())
+        }
         SubError::OtherConsumersConnected { .. } => (ServerError::NotAllowedError, e.to_string()),
         SubError::Closed(_) => (
             ServerError::ServiceNotReady,
@@ -127,6 +138,37 @@ fn check_subscription_name(name: &str) -> Result<(), String> {
         return Err(format!("invalid subscription name {name:?}"));
     }
     Ok(())
+}
+
+/// The Key_Shared settings a SUBSCRIBE asks for (no `keySharedMeta`:
+/// AUTO_SPLIT, ordered).
+fn key_shared_spec(
+    id: ConsumerId,
+    meta: Option<&KeySharedMeta>,
+) -> Result<KeySharedSpec, KeySharedError> {
+    let Some(m) = meta else {
+        return Ok(KeySharedSpec::default());
+    };
+    let sticky = m.key_shared_mode == cms_client::proto::pulsar::KeySharedMode::Sticky as i32;
+    let ranges = if sticky {
+        let declared: Vec<(i64, i64)> = m
+            .hash_ranges
+            .iter()
+            .map(|r| (i64::from(r.start), i64::from(r.end)))
+            .collect();
+        validate_ranges(id, &declared)?
+    } else {
+        Vec::new()
+    };
+    Ok(KeySharedSpec {
+        mode: if sticky {
+            KeySharedMode::Sticky
+        } else {
+            KeySharedMode::AutoSplit
+        },
+        ranges,
+        allow_out_of_order: m.allow_out_of_order_delivery.unwrap_or(false),
+    })
 }
 
 fn position_of(id: &MessageIdData) -> Position {
@@ -401,17 +443,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         Ok(command_subscribe::SubType::Exclusive) => SubType::Exclusive,
         Ok(command_subscribe::SubType::Shared) => SubType::Shared,
         Ok(command_subscribe::SubType::Failover) => SubType::Failover,
-        Ok(command_subscribe::SubType::KeyShared) => {
-            conn.send_error(
-                c.request_id,
-                (
-                    ServerError::NotAllowedError,
-                    "Key_Shared subscriptions are not supported yet".into(),
-                ),
-            )
-            .await;
-            return;
-        }
+        Ok(command_subscribe::SubType::KeyShared) => SubType::KeyShared,
         Err(_) => {
             conn.send_error(
                 c.request_id,
@@ -423,6 +455,22 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             .await;
             return;
         }
+    };
+    let id = ConsumerId::new(conn.id, c.consumer_id);
+    let key_shared = if sub_type == SubType::KeyShared {
+        match key_shared_spec(id, c.key_shared_meta.as_ref()) {
+            Ok(spec) => Some(spec),
+            Err(e) => {
+                conn.send_error(
+                    c.request_id,
+                    (ServerError::ConsumerAssignError, e.to_string()),
+                )
+                .await;
+                return;
+            }
+        }
+    } else {
+        None
     };
     let topic = match conn
         .load_topic(&c.topic, c.force_topic_creation.unwrap_or(true))
@@ -479,7 +527,6 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             return;
         }
     };
-    let id = ConsumerId::new(conn.id, c.consumer_id);
     let name = c
         .consumer_name
         .clone()
@@ -491,6 +538,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         name: name.clone(),
         priority: c.priority_level.unwrap_or(0),
         sub_type,
+        key_shared,
         sink,
     }) {
         topic.subscriptions.consumer_left(&sub).await;

@@ -9,6 +9,8 @@
 //! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
 //! - [`partitioned`] — partitioned-topic metadata (partition counts);
 //! - [`policy_refresh`] — namespace policy changes applied to loaded topics;
+//! - [`topic_discovery`] — PARTITIONED_METADATA (with partitioned
+//!   auto-creation), GET_TOPICS_OF_NAMESPACE, which names clients may use;
 //! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
 //!   subscriptions over a managed cursor;
 //! - [`producers`] — access modes and producer bounds of a topic (pure);
@@ -37,6 +39,7 @@ pub mod standalone;
 pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
+pub mod topic_discovery;
 pub mod topic_metrics;
 pub mod topic_name;
 pub mod topics;

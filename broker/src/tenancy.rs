@@ -119,22 +119,42 @@ pub struct NamespacePolicies {
     pub replication_clusters: Vec<String>,
 }
 
-/// `autoTopicCreationOverride`.
+/// Pulsar's `AutoTopicCreationOverride` (JSON
+/// `{"allowAutoTopicCreation", "topicType", "defaultNumPartitions"}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AutoTopicCreationOverride {
     /// Whether topics are created on first use.
     pub allow_auto_topic_creation: bool,
-    /// `non-partitioned` or `partitioned`.
-    #[serde(default = "default_topic_type")]
-    pub topic_type: String,
-    /// Partitions of auto-created partitioned topics.
+    /// `"partitioned"` or `"non-partitioned"`.
+    #[serde(default)]
+    pub topic_type: AutoTopicType,
+    /// Partitions of an auto-created partitioned topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_num_partitions: Option<u32>,
 }
 
-fn default_topic_type() -> String {
-    "non-partitioned".to_string()
+/// What an auto-created topic is (Pulsar `TopicType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AutoTopicType {
+    /// An ordinary topic (Pulsar's default).
+    #[default]
+    NonPartitioned,
+    /// A partitioned topic with the default partition count.
+    Partitioned,
+}
+
+/// How topics of a namespace are auto-created, after policy and broker
+/// defaults are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoCreation {
+    /// Created on first use at all.
+    pub allowed: bool,
+    /// As what.
+    pub topic_type: AutoTopicType,
+    /// Partitions when partitioned (at least 1).
+    pub partitions: u32,
 }
 
 /// `bundles`.
@@ -239,13 +259,21 @@ pub const BACKLOG_QUOTA_POLICIES: [&str; 3] = [
 pub const PERSISTENCE_ENSEMBLE_MAX: u32 = 64;
 
 impl NamespacePolicies {
-    /// Whether topics may be created on first use (None = broker default):
-    /// the override if set, else the legacy key.
-    pub fn auto_topic_creation(&self) -> Option<bool> {
-        self.auto_topic_creation_override
-            .as_ref()
-            .map(|o| o.allow_auto_topic_creation)
-            .or(self.allow_auto_topic_creation)
+    /// The effective auto-creation: `autoTopicCreationOverride` if set, else
+    /// `allow_auto_topic_creation` with the broker's type and count, else
+    /// the broker's defaults.
+    pub fn auto_creation(&self, broker: AutoCreation) -> AutoCreation {
+        match &self.auto_topic_creation_override {
+            Some(o) => AutoCreation {
+                allowed: o.allow_auto_topic_creation,
+                topic_type: o.topic_type,
+                partitions: o.default_num_partitions.unwrap_or(broker.partitions).max(1),
+            },
+            None => AutoCreation {
+                allowed: self.allow_auto_topic_creation.unwrap_or(broker.allowed),
+                ..broker
+            },
+        }
     }
 
     /// Checks every value set; the error names the bad one.
@@ -321,20 +349,14 @@ pub fn ml_policies_differ(a: &NamespacePolicies, b: &NamespacePolicies) -> bool 
 pub const BUNDLES_MAX: u32 = 1024;
 
 impl AutoTopicCreationOverride {
-    /// `topicType` known; `defaultNumPartitions` in range for partitioned.
+    /// `defaultNumPartitions`, when set, in `1..=PARTITIONS_MAX`.
     pub fn validate(&self) -> Result<(), String> {
-        match self.topic_type.as_str() {
-            "non-partitioned" => Ok(()),
-            "partitioned" => match self.default_num_partitions {
-                Some(n) if (1..=crate::partitioned::PARTITIONS_MAX).contains(&n) => Ok(()),
-                _ => Err(format!(
-                    "defaultNumPartitions must be in 1..={} for topicType partitioned",
-                    crate::partitioned::PARTITIONS_MAX
-                )),
-            },
-            other => Err(format!(
-                "topicType {other:?} is not `partitioned` or `non-partitioned`"
+        match self.default_num_partitions {
+            Some(n) if !(1..=crate::partitioned::PARTITIONS_MAX).contains(&n) => Err(format!(
+                "defaultNumPartitions must be in 1..={}",
+                crate::partitioned::PARTITIONS_MAX
             )),
+            _ => Ok(()),
         }
     }
 }
@@ -538,6 +560,45 @@ pub async fn namespace_policies(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_creation_override_uses_pulsar_json_and_beats_broker_defaults() {
+        let broker = AutoCreation {
+            allowed: true,
+            topic_type: AutoTopicType::NonPartitioned,
+            partitions: 1,
+        };
+        let p: NamespacePolicies = serde_json::from_str(
+            r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,
+                "topicType":"partitioned","defaultNumPartitions":4}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            p.auto_creation(broker),
+            AutoCreation {
+                allowed: true,
+                topic_type: AutoTopicType::Partitioned,
+                partitions: 4
+            }
+        );
+        let off: NamespacePolicies = serde_json::from_str(
+            r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":false}}"#,
+        )
+        .unwrap();
+        assert!(!off.auto_creation(broker).allowed);
+        assert_eq!(NamespacePolicies::default().auto_creation(broker), broker);
+        let legacy = NamespacePolicies {
+            allow_auto_topic_creation: Some(false),
+            ..NamespacePolicies::default()
+        };
+        assert!(!legacy.auto_creation(broker).allowed);
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(json.contains(r#""topicType":"partitioned""#), "{json}");
+        assert!(serde_json::from_str::<NamespacePolicies>(
+            r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,"topicType":"bogus"}}"#
+        )
+        .is_err());
+    }
     use cms_bookie::metadata::embedded::EmbeddedStore;
 
     #[tokio::test]
@@ -571,7 +632,12 @@ mod tests {
     fn policies_keep_the_legacy_key_and_read_pulsar_keys() {
         let legacy: NamespacePolicies =
             serde_json::from_str(r#"{"allowAutoTopicCreation":false}"#).unwrap();
-        assert_eq!(legacy.auto_topic_creation(), Some(false));
+        let broker = AutoCreation {
+            allowed: true,
+            topic_type: AutoTopicType::NonPartitioned,
+            partitions: 1,
+        };
+        assert!(!legacy.auto_creation(broker).allowed);
         assert_eq!(
             serde_json::to_value(&legacy).unwrap(),
             serde_json::json!({"allowAutoTopicCreation": false})
@@ -588,7 +654,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.validate(), Ok(()));
         // The override wins over the legacy key.
-        assert_eq!(p.auto_topic_creation(), Some(true));
+        assert!(p.auto_creation(broker).allowed);
         assert_eq!(p.backlog_quota_map["destination_storage"].limit_time, -1);
         let back = serde_json::to_value(&p).unwrap();
         assert_eq!(back["retention_policies"]["retentionSizeInMB"], -1);
@@ -642,11 +708,7 @@ mod tests {
         assert!(
             bad(r#"{"backlog_quota_map":{"message_age":{"policy":"drop"}}}"#).contains("policy")
         );
-        assert!(bad(r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,"topicType":"partitioned"}}"#).contains("defaultNumPartitions"));
-        assert!(
-            bad(r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,"topicType":"x"}}"#)
-                .contains("topicType")
-        );
+        assert!(bad(r#"{"autoTopicCreationOverride":{"allowAutoTopicCreation":true,"topicType":"partitioned","defaultNumPartitions":0}}"#).contains("defaultNumPartitions"));
         assert!(
             bad(r#"{"topicDispatchRate":{"c":{"ratePeriodInSecond":0}}}"#)
                 .contains("ratePeriodInSecond")

@@ -309,8 +309,12 @@ impl Topics {
         };
         let ml_name = name.managed_ledger_name();
         let auto = policies
-            .auto_topic_creation()
-            .unwrap_or(ctx.allow_auto_topic_creation);
+            .auto_creation(crate::tenancy::AutoCreation {
+                allowed: ctx.allow_auto_topic_creation,
+                topic_type: crate::tenancy::AutoTopicType::NonPartitioned,
+                partitions: 1,
+            })
+            .allowed;
         if !auto || !create {
             let path = node_path(&ctx.layout, &ml_name)
                 .map_err(|e| TopicError::NotFound(e.to_string()))?;

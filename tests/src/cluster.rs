@@ -69,7 +69,7 @@ impl BookieNode {
             .arg("--http-bind=127.0.0.1:{port:http}")
             .arg("--journal-dir={dir}/journal")
             .arg("--ledger-dir={dir}/ledgers")
-            .arg("--journal-file-bytes=4194304")
+            .arg("--journal-file-bytes=8388608")
             .arg("--entry-log-bytes-max=8388608")
             .arg("--write-cache-bytes-max=33554432")
             .arg("--read-cache-bytes-max=16777216")

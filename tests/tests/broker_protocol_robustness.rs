@@ -4,7 +4,8 @@
 //! only its own connection, while an established connection keeps working
 //! and new ones are accepted. Also: the handshake answers what the C++
 //! client requires, unsupported known commands get an ERROR without a
-//! close, and SEND receipts echo sequence ids in order.
+//! close, and SEND receipts echo sequence ids in order. And memory stays
+//! bounded under a storm of oversized, cut-short and garbage frames.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -294,4 +295,285 @@ async fn bad_input_closes_only_its_own_connection() {
         bad_inputs >= 14.0,
         "bad input connections counted: {bad_inputs}"
     );
+}
+
+/// Resident and peak resident memory of process `pid`, in bytes
+/// (`VmRSS`, `VmHWM` of `/proc/<pid>/status`).
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing in /proc/{pid}/status"))
+            * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Subscribes (from the end), publishes one message and receives it, on one
+/// fresh connection.
+async fn produce_and_consume(addr: SocketAddr, topic: &str, body: &[u8]) {
+    use cms_client::proto::pulsar::command_subscribe::{InitialPosition, SubType};
+    use futures::StreamExt;
+    let mut c = RawClient::connected(addr).await;
+    c.send(commands::subscribe(
+        topic,
+        "mem-sub",
+        SubType::Exclusive,
+        1,
+        1,
+        InitialPosition::Latest,
+    ))
+    .await;
+    let ok = c.recv().await.expect("SUBSCRIBE answer");
+    assert_eq!(ok.r#type, Type::Success as i32, "{ok:?}");
+    c.send(commands::producer(topic, 1, 2, None)).await;
+    let ps = c.recv().await.expect("PRODUCER answer");
+    let ps = ps
+        .producer_success
+        .clone()
+        .unwrap_or_else(|| panic!("PRODUCER_SUCCESS, got {ps:?}"));
+    let md = MessageMetadata {
+        producer_name: ps.producer_name,
+        sequence_id: 0,
+        publish_time: 1,
+        ..Default::default()
+    };
+    c.framed
+        .send(Frame::Payload(PayloadFrame {
+            command: commands::send(1, 0, 1),
+            broker_entry_metadata: None,
+            checksum: ChecksumState::Valid,
+            entry: entry_from_parts(&md, body),
+        }))
+        .await
+        .expect("send");
+    let r = c.recv().await.expect("receipt");
+    let id = r
+        .send_receipt
+        .and_then(|r| r.message_id)
+        .unwrap_or_else(|| panic!("SEND_RECEIPT"));
+    c.send(commands::flow(1, 10)).await;
+    let got = tokio::time::timeout(Duration::from_millis(ANSWER_TIMEOUT_MS), async {
+        loop {
+            match c.framed.next().await {
+                Some(Ok(Frame::Payload(p))) => return p,
+                Some(Ok(_)) => {}
+                other => panic!("connection ended before the MESSAGE: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("MESSAGE within the bound");
+    let m = got.command.message.as_ref().expect("MESSAGE");
+    assert_eq!(m.message_id.ledger_id, id.ledger_id);
+    assert_eq!(m.message_id.entry_id, id.entry_id);
+    let parsed = cms_client::proto::frame::parse_entry(&got.entry).expect("entry");
+    assert_eq!(parsed.payload(&got.entry), body);
+}
+
+/// Issue 7: memory stays bounded under a storm of bad frames. Bounded
+/// rounds over many concurrent connections of (a) frames declaring a size
+/// over the limit followed by megabytes of body, (b) legal-size frames
+/// declaring 5 MiB but cut short and held open, (c) random garbage. The
+/// broker's peak resident memory (`VmHWM`, reset after warm-up) may not grow
+/// by 64 MiB or more: buffering what the oversized frames carry (8 MiB × 32
+/// connections × a round) or filling the declared sizes of the cut frames
+/// (5 MiB × 32) would. Afterwards `VmRSS` is within the bound too, and a
+/// normal produce / consume works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_bounded_under_a_storm_of_bad_frames() {
+    const CONNECTIONS: usize = 32;
+    const ROUNDS: usize = 3;
+    const OVERSIZED_BODY_BYTES: usize = 8 << 20;
+    const HELD_BYTES: usize = 256 << 10;
+    const GROWTH_MAX: u64 = 64 << 20;
+
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let addr = broker.pulsar();
+    let pid = broker.process.pid().expect("broker pid");
+    // Warm up the normal path first, so its allocations are in the baseline.
+    produce_and_consume(addr, "persistent://public/default/mem-warm", b"warm").await;
+    // Reset the peak to the current resident size (Linux ≥ 4.0); if not
+    // allowed, the peak so far is the baseline.
+    let reset = std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
+    let (rss_before, hwm_before) = memory_of(pid);
+    let baseline = if reset { rss_before } else { hwm_before };
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for round in 0..ROUNDS {
+        // (a) Over the limit, then megabytes of body: closed after the size.
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..CONNECTIONS {
+            tasks.spawn(async move {
+                let mut s = TcpStream::connect(addr).await.expect("connect");
+                let declared = 64u32 << 20;
+                let chunk = vec![0xA5u8; 64 << 10];
+                let mut sent = 0;
+                if s.write_all(&declared.to_be_bytes()).await.is_ok() {
+                    while sent < OVERSIZED_BODY_BYTES {
+                        if s.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                        sent += chunk.len();
+                    }
+                }
+                let mut buf = vec![0u8; 4096];
+                tokio::time::timeout(Duration::from_millis(ANSWER_TIMEOUT_MS), async {
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    }
+                })
+                .await
+                .is_ok()
+            });
+        }
+        let mut not_closed = 0;
+        while let Some(r) = tasks.join_next().await {
+            not_closed += usize::from(!r.expect("oversized task"));
+        }
+        // Memory first: a broker that buffered these frames fails here.
+        let (_, hwm) = memory_of(pid);
+        assert!(
+            hwm.saturating_sub(baseline) < GROWTH_MAX,
+            "round {round}: peak {hwm} B after {CONNECTIONS} oversized frames, baseline {baseline} B"
+        );
+        assert_eq!(not_closed, 0, "round {round}: oversized frames not closed");
+
+        // (b) Legal declared size, cut short, held open while we measure.
+        let mut held = Vec::with_capacity(CONNECTIONS);
+        for _ in 0..CONNECTIONS {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            let declared = 5u32 << 20;
+            let mut bytes = declared.to_be_bytes().to_vec();
+            bytes.extend(std::iter::repeat_n(0x5Au8, HELD_BYTES));
+            s.write_all(&bytes).await.expect("write the cut frame");
+            held.push(s);
+        }
+        let (_, hwm_held) = memory_of(pid);
+        assert!(
+            hwm_held.saturating_sub(baseline) < GROWTH_MAX,
+            "round {round}: peak {hwm_held} B with {CONNECTIONS} cut frames held, baseline {baseline} B"
+        );
+        drop(held);
+
+        // (c) Garbage, half of it with a plausible small size.
+        for i in 0..CONNECTIONS {
+            let mut junk = vec![0u8; 64 << 10];
+            rng.fill(&mut junk[..]);
+            if i % 2 == 0 {
+                junk[..4].copy_from_slice(&1000u32.to_be_bytes());
+            }
+            // A random size may be legal and larger than what follows: the
+            // end of stream then cuts that frame short.
+            let half_close = i % 2 == 1;
+            raw_bytes_close(addr, &junk, half_close, &format!("garbage #{round}.{i}")).await;
+        }
+    }
+
+    let (_, hwm_after) = memory_of(pid);
+    assert!(
+        hwm_after.saturating_sub(baseline) < GROWTH_MAX,
+        "peak {hwm_after} B after the storm, baseline {baseline} B (reset: {reset})"
+    );
+    // Resident memory settles within the bound (the allocator may keep
+    // freed memory for a moment).
+    cms_tests::harness::wait::eventually("resident memory within the bound", 5_000, || {
+        let rss = memory_of(pid).0;
+        async move { rss.saturating_sub(baseline) < GROWTH_MAX }
+    })
+    .await;
+    eprintln!(
+        "baseline {baseline} B (reset {reset}), peak {hwm_after} B, resident {} B",
+        memory_of(pid).0
+    );
+    // And it still serves.
+    produce_and_consume(
+        addr,
+        "persistent://public/default/mem-after",
+        b"after the storm",
+    )
+    .await;
+}
+
+/// A `message_bytes_max` above what one ledger entry holds: CONNECTED
+/// advertises the storage bound instead (a client keeps its payloads within
+/// it), and a message that reaches the managed ledger over the entry bound
+/// anyway gets SEND_ERROR NotAllowed naming the bound, alone: the producer,
+/// the connection and the topic keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_above_the_storage_bound_is_refused_alone() {
+    let broker = BrokerNode::start_standalone(&["--message-bytes-max=7000000"]).await;
+    let addr = broker.pulsar();
+    let entry_max = cms_bookie::client::writer::WriterConfig::default().entry_payload_bytes_max;
+    let storage_max = entry_max - 10 * 1024;
+
+    let mut c = RawClient::open(addr).await;
+    // Frames above the default client limit go out on this connection.
+    *c.framed.codec_mut() = cms_client::proto::PulsarCodec::new(8 << 20);
+    c.send(commands::connect("raw-test", 20)).await;
+    let connected = c
+        .recv()
+        .await
+        .expect("CONNECTED")
+        .connected
+        .expect("connected");
+    assert_eq!(
+        connected.max_message_size,
+        Some(i32::try_from(storage_max).expect("fits")),
+        "the storage bound, not the configured 7000000"
+    );
+    c.send(commands::producer(
+        "persistent://public/default/big",
+        1,
+        1,
+        None,
+    ))
+    .await;
+    let ps = c.recv().await.expect("PRODUCER answer");
+    let ps = ps
+        .producer_success
+        .clone()
+        .unwrap_or_else(|| panic!("PRODUCER_SUCCESS, got {ps:?}"));
+    let md = MessageMetadata {
+        producer_name: ps.producer_name,
+        sequence_id: 0,
+        publish_time: 1,
+        ..Default::default()
+    };
+    for (seq, size) in [(0u64, 1usize << 10), (1, 6 << 20), (2, 1 << 10)] {
+        c.framed
+            .send(Frame::Payload(PayloadFrame {
+                command: commands::send(1, seq, 1),
+                broker_entry_metadata: None,
+                checksum: ChecksumState::Valid,
+                entry: entry_from_parts(&md, &vec![b'x'; size]),
+            }))
+            .await
+            .expect("send");
+    }
+    let first = c.recv().await.expect("receipt 0");
+    assert_eq!(first.send_receipt.expect("SEND_RECEIPT 0").sequence_id, 0);
+    let refused = c.recv().await.expect("answer to the 6 MiB message");
+    let e = refused
+        .send_error
+        .clone()
+        .unwrap_or_else(|| panic!("SEND_ERROR, got {refused:?}"));
+    assert_eq!(e.sequence_id, 1);
+    assert_eq!(
+        e.error,
+        cms_client::proto::pulsar::ServerError::NotAllowedError as i32
+    );
+    assert!(e.message.contains("entry bound"), "{e:?}");
+    let last = c.recv().await.expect("receipt 2");
+    assert_eq!(last.send_receipt.expect("SEND_RECEIPT 2").sequence_id, 2);
+    assert_alive(&mut c).await;
+    // The topic was not dropped: it still takes and delivers messages.
+    produce_and_consume(addr, "persistent://public/default/big", b"still here").await;
 }

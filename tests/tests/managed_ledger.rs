@@ -1,8 +1,11 @@
 //! The managed ledger I/O layer against real processes: a harness ZooKeeper
 //! and 3 `cms-bookie serve` bookies (E/Qw/Qa = 3/3/2). Appends across
 //! rollovers read back in order, trimming only behind the slowest cursor,
-//! cursor durability across a crash (handles dropped without close), and
-//! ownership takeover fencing the old owner.
+//! cursor durability across a crash (handles dropped without close),
+//! ownership takeover fencing the old owner, and close-and-resend after a
+//! non-fenced ledger write failure (3/3/3 with a bookie killed; with a
+//! bookie back read-only, appends not placed within the retry window fail
+//! `Unavailable` and the handle recovers).
 
 #![allow(
     clippy::unwrap_used,
@@ -1103,4 +1106,341 @@ async fn cursor_acks_survive_kill_9_at_random_points_p0_7() {
     );
     report.assert_ok();
     assert!(model.acked.len() > 50, "the load acked too little to judge");
+}
+
+/// Appends under load for the ledger-failure tests: a submitter that never
+/// waits for completions (so appends keep arriving while a ledger fails;
+/// 10 ms pause after a refusal) and a waiter taking completions in order.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    submitter: tokio::task::JoinHandle<()>,
+    waiter: tokio::task::JoinHandle<()>,
+    acked: std::sync::Arc<std::sync::Mutex<Vec<(usize, Position)>>>,
+    failed: std::sync::Arc<std::sync::Mutex<Vec<(usize, MlError)>>>,
+}
+
+impl Load {
+    fn start(ml: &ManagedLedger) -> Load {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let acked: Arc<Mutex<Vec<(usize, Position)>>> = Arc::default();
+        let failed: Arc<Mutex<Vec<(usize, MlError)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let submitter = {
+            let (ml, stop, failed) = (ml.clone(), stop.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    match ml.append_pipelined(payload(i)).await {
+                        Ok(p) => {
+                            if tx.send((i, p)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            failed.lock().unwrap().push((i, e));
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        }
+                    }
+                    i += 1;
+                }
+            })
+        };
+        let waiter = {
+            let (acked, failed) = (acked.clone(), failed.clone());
+            tokio::spawn(async move {
+                while let Some((i, p)) = rx.recv().await {
+                    match p.wait().await {
+                        Ok(pos) => acked.lock().unwrap().push((i, pos)),
+                        Err(e) => failed.lock().unwrap().push((i, e)),
+                    }
+                }
+            })
+        };
+        Load {
+            stop,
+            submitter,
+            waiter,
+            acked,
+            failed,
+        }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    fn failed(&self) -> usize {
+        self.failed.lock().unwrap().len()
+    }
+
+    async fn wait_acked(&self, n: usize, what: &str, timeout_ms: u64) {
+        cms_tests::harness::wait::eventually(what, timeout_ms, || {
+            let got = self.acked();
+            async move { got >= n }
+        })
+        .await;
+    }
+
+    /// Stops submitting, waits for every completion; returns the acked
+    /// appends in submission order and the failed ones.
+    async fn finish(self) -> (Vec<(usize, Position)>, Vec<(usize, MlError)>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in [self.submitter, self.waiter] {
+            tokio::time::timeout(std::time::Duration::from_secs(60), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let mut acked = self.acked.lock().unwrap().clone();
+        acked.sort_by_key(|(i, _)| *i);
+        let failed = self.failed.lock().unwrap().clone();
+        (acked, failed)
+    }
+}
+
+/// The log is exactly the acked appends, each once, at its acked position,
+/// in submission order (a failed append is not stored).
+fn assert_log_is_the_acked(
+    all: &[cms_broker::managed_ledger::io::Entry],
+    acked: &[(usize, Position)],
+) {
+    assert!(
+        acked.windows(2).all(|w| w[0].1 < w[1].1),
+        "acked positions follow submission order"
+    );
+    assert_eq!(all.len(), acked.len(), "stored vs acked");
+    for (e, (i, pos)) in all.iter().zip(acked) {
+        assert_eq!(
+            e.payload.as_ref(),
+            payload(*i).as_slice(),
+            "at {}",
+            e.position
+        );
+        assert_eq!(e.position, *pos);
+    }
+}
+
+/// E/Qw/Qa = 3/3/3 on exactly 3 bookies: losing one fails the writer (no
+/// replacement) without fencing.
+fn failure_config(
+    metrics: &cms_broker::managed_ledger::MlMetrics,
+    window_ms: u64,
+) -> ManagedLedgerConfig {
+    ManagedLedgerConfig {
+        ensemble_size: 3,
+        write_quorum: 3,
+        ack_quorum: 3,
+        pending_appends_max: 64,
+        metrics: metrics.clone(),
+        ledger_failure_retry: cms_broker::managed_ledger::RetryPolicy {
+            backoff_ms_min: 50,
+            backoff_ms_max: 500,
+            window_ms,
+        },
+        ..config(8)
+    }
+}
+
+/// Issue 6 leftover: a non-fenced ledger write failure closes the ledger and
+/// resends. A bookie is killed under load (appends keep being submitted, so
+/// some are refused by the failed writer and must be resent; ledgers of 8
+/// entries, so a rollover is usually in flight and its ledger abandoned)
+/// and kept down until unregistered (creating the next ledger fails and the
+/// resend retries). After it is back: every acked append is stored exactly
+/// once at its acked position, in submission order; an append that failed
+/// (only `Unavailable` is allowed) is not stored; no abandoned ledger stays
+/// listed; the handle is not terminal, and a new owner reads the same log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_write_failure_closes_the_ledger_and_resends_without_losing_or_duplicating() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let cfg = failure_config(&metrics, 90_000);
+    let name = "t/ns/resend";
+    let ml = open(&zk, name, cfg.clone(), EntryCache::new(8 << 20)).await;
+    let load = Load::start(&ml);
+    load.wait_acked(200, "200 appends acked", 30_000).await;
+
+    // A bookie of every ledger's ensemble dies: the writer fails.
+    bookies[2].process.kill();
+    cms_tests::harness::wait::eventually("the ledger failure noticed", 30_000, || {
+        let n = metrics.snapshot().ledger_write_failures;
+        async move { n >= 1 }
+    })
+    .await;
+    // Keep it down until its registration is gone: creating the next
+    // ledger (3 bookies needed) then fails and the resend waits, retrying.
+    let store = init_store(&zk.connect_string()).await;
+    let available = cms_bookie::metadata::layout::Layout::new("/cms")
+        .unwrap()
+        .bookies_available();
+    cms_tests::harness::wait::eventually("b3 unregistered", 30_000, || {
+        let (store, available) = (store.clone(), available.clone());
+        async move {
+            let ids = store.children(&available).await.unwrap();
+            !ids.iter().any(|id| id == "b3")
+        }
+    })
+    .await;
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    bookies[2].process.restart().await;
+    bookies[2].wait_ready().await;
+    let after_restart = load.acked();
+    load.wait_acked(after_restart + 200, "200 more appends acked", 90_000)
+        .await;
+    let (acked, failed) = load.finish().await;
+
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    let m = metrics.snapshot();
+    assert!(m.ledger_write_failures >= 1, "{m:?}");
+    eprintln!(
+        "acked {}, failed {}, ledger failures {}, resent {}",
+        acked.len(),
+        failed.len(),
+        m.ledger_write_failures,
+        m.appends_resent
+    );
+    for (i, e) in &failed {
+        assert!(matches!(e, MlError::Unavailable(_)), "append {i}: {e:?}");
+    }
+    assert_log_is_the_acked(
+        &ml.read(Position::new(0, 0), 100_000).await.unwrap(),
+        &acked,
+    );
+
+    // The stored list is the in-memory one: no abandoned ledger listed, the
+    // failed ledger closed.
+    let (data, _) = store
+        .get("/cms/managed-ledgers/t/ns/persistent/resend")
+        .await
+        .unwrap();
+    let info = proto::ManagedLedgerInfo::decode(data.as_slice()).unwrap();
+    let stored: Vec<u64> = info.ledgers.iter().map(|l| l.ledger_id).collect();
+    let listed: Vec<u64> = ml.ledgers().ledgers().iter().map(|l| l.ledger_id).collect();
+    assert_eq!(stored, listed);
+    for l in &info.ledgers[..info.ledgers.len() - 1] {
+        assert_ne!(l.closed_ms, 0, "{l:?}");
+    }
+    // And the handle still appends.
+    let next = ml.append(payload(usize::MAX / 2)).await.unwrap();
+    assert!(next > acked.last().unwrap().1);
+    ml.close().await.unwrap();
+    drop(ml);
+
+    // A new owner sees the same log (plus the last append).
+    let ml = open(&zk, name, cfg, EntryCache::new(0)).await;
+    let all = ml.read(Position::new(0, 0), 100_000).await.unwrap();
+    assert_log_is_the_acked(&all[..all.len() - 1], &acked);
+    assert_eq!(all.last().unwrap().position, next);
+}
+
+/// When no new ledger can be placed within the retry window, the appends
+/// waiting for one fail with `Unavailable` (not stored) and the handle stays
+/// usable: once the bookie is writable again, appends go through. The bookie
+/// comes back read-only (disk over its threshold): it takes recovery's
+/// write-back, so the failed ledger is recovered, but no 3-bookie ledger can
+/// be created while it stays so. The 15 s window leaves room for the
+/// bookie's restart (the failed ledger must be recovered within it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_not_placed_within_the_window_fail_unavailable_and_the_handle_recovers() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let zk = zk().await;
+    let mut bookies = start_bookies(&zk.connect_string(), 3).await;
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let ml = open(
+        &zk,
+        "t/ns/window",
+        failure_config(&metrics, 15_000),
+        EntryCache::new(8 << 20),
+    )
+    .await;
+    let load = Load::start(&ml);
+    load.wait_acked(100, "100 appends acked", 30_000).await;
+
+    bookies[2].set_config("disk_usage_threshold = 0.0001\ndisk_usage_lwm = 0.0\n");
+    bookies[2].process.kill();
+    bookies[2].process.restart().await;
+    let http = bookies[2].http();
+    cms_tests::harness::wait::eventually("b3 back read-only", 30_000, || async move {
+        cms_tests::harness::http::get(&cms_tests::harness::http::client(), http, "/ready")
+            .await
+            .is_ok_and(|(_, body)| {
+                body.contains("\"registered\":true") && body.contains("ReadOnlyDisk")
+            })
+    })
+    .await;
+    cms_tests::harness::wait::eventually("appends failed as unavailable", 60_000, || {
+        let n = load.failed();
+        async move { n >= 1 }
+    })
+    .await;
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+
+    bookies[2].set_config(cms_tests::cluster::BOOKIE_TEST_CONFIG);
+    bookies[2].restart().await;
+    let acked_before = load.acked();
+    load.wait_acked(acked_before + 100, "100 appends acked after", 60_000)
+        .await;
+    let (acked, failed) = load.finish().await;
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    let m = metrics.snapshot();
+    eprintln!(
+        "acked {}, failed {}, ledger failures {}, resent {}",
+        acked.len(),
+        failed.len(),
+        m.ledger_write_failures,
+        m.appends_resent
+    );
+    assert!(!failed.is_empty());
+    for (i, e) in &failed {
+        assert!(matches!(e, MlError::Unavailable(_)), "append {i}: {e:?}");
+    }
+    assert_log_is_the_acked(
+        &ml.read(Position::new(0, 0), 100_000).await.unwrap(),
+        &acked,
+    );
+}
+
+/// An append above the ledger entry bound is refused alone (a broker whose
+/// `message_bytes_max` exceeds what a bookie entry holds must not lose the
+/// topic over one message): `EntryTooLarge`, the handle not terminal, the
+/// appends around it stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_above_the_entry_bound_is_refused_alone() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let (client, store, layout) = managed_ledger_env(&zk.connect_string()).await;
+    let max = client.entry_payload_bytes_max();
+    let ml = ManagedLedger::open(
+        client,
+        store,
+        &layout,
+        "t/ns/too-large",
+        config(1_000),
+        EntryCache::new(1 << 20),
+    )
+    .await
+    .unwrap();
+    let before = ml.append(payload(0)).await.unwrap();
+    let e = ml.append(vec![7u8; max + 1]).await.unwrap_err();
+    assert_eq!(
+        e,
+        MlError::EntryTooLarge {
+            bytes: max + 1,
+            max
+        }
+    );
+    assert!(ml.terminal_error().is_none(), "{:?}", ml.terminal_error());
+    // A large entry under the bound still goes through (1 MiB; entries at
+    // the bound itself are the ledger writer's and bookie's concern).
+    let large = ml.append(vec![8u8; 1 << 20]).await.unwrap();
+    let after = ml.append(payload(1)).await.unwrap();
+    assert!(before < large && large < after);
+    let all = ml.read(Position::new(0, 0), 10).await.unwrap();
+    let got: Vec<Position> = all.iter().map(|e| e.position).collect();
+    assert_eq!(got, vec![before, large, after]);
+    assert_eq!(all[1].payload.len(), 1 << 20);
 }

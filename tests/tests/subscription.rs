@@ -119,6 +119,7 @@ fn attach(
         name: name.to_string(),
         priority: 0,
         sub_type: t,
+        key_shared: None,
         sink: tx,
     })?;
     Ok(rx)

@@ -71,6 +71,13 @@ mod tests;
 
 pub use record::RECORD_DATA_BYTES_MAX;
 
+/// The smallest journal file (`file_bytes`) that holds one entry record of
+/// `data_bytes` bytes: the file header plus the aligned record.
+pub fn file_bytes_min_for(data_bytes: usize) -> u64 {
+    record::FILE_HEADER_BYTES
+        + record::align_up((record::RECORD_HEADER_BYTES + 17 + data_bytes) as u64)
+}
+
 /// When an append is acknowledged relative to `fdatasync` (STYLE §7).
 #[derive(
     Debug,

@@ -237,10 +237,24 @@ impl BookieConfig {
         if self.journal_file_bytes < 64 * 1024 {
             return Err(invalid("journal_file_bytes", "must be at least 65536"));
         }
-        if self.entry_bytes_max == 0 || self.entry_bytes_max > 7 * 1024 * 1024 {
+        if self.entry_bytes_max == 0 || self.entry_bytes_max > crate::journal::RECORD_DATA_BYTES_MAX
+        {
             return Err(invalid(
                 "entry_bytes_max",
-                "must be within 1..=7340032 (tonic's message limit is 8 MiB)",
+                format!(
+                    "must be within 1..={} (the journal's record bound)",
+                    crate::journal::RECORD_DATA_BYTES_MAX
+                ),
+            ));
+        }
+        let file_min = crate::journal::file_bytes_min_for(self.entry_bytes_max);
+        if self.journal_file_bytes < file_min {
+            return Err(invalid(
+                "journal_file_bytes",
+                format!(
+                    "must be at least {file_min} so that one entry of entry_bytes_max ({}) fits a journal file",
+                    self.entry_bytes_max
+                ),
             ));
         }
         if self.long_poll_ms_max >= self.request_timeout_ms {
@@ -363,5 +377,51 @@ impl BookieConfig {
             reads_per_key_in_flight_max: self.reads_per_key_in_flight_max,
             fairness_keys_max: 10_000,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Command, FromArgMatches};
+
+    fn parse(args: &[&str]) -> BookieConfig {
+        let matches = BookieConfig::augment_args(Command::new("bookie"))
+            .try_get_matches_from(std::iter::once("bookie").chain(args.iter().copied()))
+            .unwrap();
+        BookieConfig::from_arg_matches(&matches).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        parse(&[]).validate().unwrap();
+    }
+
+    #[test]
+    fn entry_bound_must_fit_the_journal() {
+        let too_big = format!(
+            "--entry-bytes-max={}",
+            crate::journal::RECORD_DATA_BYTES_MAX + 1
+        );
+        assert_eq!(
+            parse(&[&too_big]).validate().unwrap_err().key,
+            "entry_bytes_max"
+        );
+        // 4 MiB journal files cannot hold a default (5 MiB + 64 KiB) entry.
+        let err = parse(&["--journal-file-bytes=4194304"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.key, "journal_file_bytes");
+        // ... but can with a smaller entry bound.
+        parse(&["--journal-file-bytes=4194304", "--entry-bytes-max=1048576"])
+            .validate()
+            .unwrap();
+        let exact = crate::journal::file_bytes_min_for(ENTRY_BYTES_MAX_DEFAULT);
+        parse(&[&format!("--journal-file-bytes={exact}")])
+            .validate()
+            .unwrap();
+        parse(&[&format!("--journal-file-bytes={}", exact - 1)])
+            .validate()
+            .unwrap_err();
     }
 }

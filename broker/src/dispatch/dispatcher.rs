@@ -15,9 +15,10 @@
 //! A read answered after a rewind or reset was requested (its ticket is from
 //! an older epoch) is dropped whole: the rewind or seek re-reads it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::failover::select_active;
+use super::key_shared::Selector;
 use super::types::{ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType};
 use crate::managed_ledger::Position;
 
@@ -70,6 +71,8 @@ pub struct ReadEntry<T> {
     pub position: Position,
     /// Messages in it (a batch counts its messages; 0 is taken as 1).
     pub messages: u32,
+    /// Its sticky key hash (Key_Shared; see [`super::key_shared`]).
+    pub key_hash: u16,
     /// The caller's payload, passed through.
     pub payload: T,
 }
@@ -127,6 +130,9 @@ pub struct DispatcherStats {
     pub replay_entries: usize,
     /// Positions with a redelivery count.
     pub redelivery_counts: usize,
+    /// Key_Shared: hashes with delivered, unacked entries (each blocks
+    /// delivery of its hash to any other consumer until acked).
+    pub draining_hashes: usize,
     /// Count increments dropped at `redelivery_counts_max`.
     pub redelivery_counts_dropped: u64,
     /// Per consumer, in join order.
@@ -169,6 +175,13 @@ pub struct Dispatcher {
     reading_replay: BTreeSet<Position>,
     rewind_requested: bool,
     epoch: u64,
+    /// Key_Shared: who owns each hash.
+    selector: Selector,
+    /// Key_Shared: the hash of every pending or replay entry.
+    hashes: HashMap<Position, u16>,
+    /// Key_Shared (ordered): hash -> the consumer holding delivered, unacked
+    /// entries of it, and how many.
+    draining: HashMap<u16, (ConsumerId, u32)>,
 }
 
 impl Dispatcher {
@@ -191,6 +204,9 @@ impl Dispatcher {
             reading_replay: BTreeSet::new(),
             rewind_requested: false,
             epoch: 0,
+            selector: Selector::new(),
+            hashes: HashMap::new(),
+            draining: HashMap::new(),
         }
     }
 
@@ -257,6 +273,10 @@ impl Dispatcher {
                 max: self.limits.consumers_max,
             });
         }
+        if info.sub_type == SubType::KeyShared {
+            let spec = info.key_shared.clone().unwrap_or_default();
+            self.selector.add(info.id, &info.name, &spec)?;
+        }
         let id = info.id;
         self.sub_type = Some(info.sub_type);
         self.consumers.push(Consumer {
@@ -282,8 +302,11 @@ impl Dispatcher {
         if self.rr_next >= self.consumers.len() {
             self.rr_next = 0;
         }
+        self.selector.remove(id);
         match self.sub_type {
-            Some(SubType::Shared) => {
+            Some(SubType::Shared | SubType::KeyShared) => {
+                // Key_Shared: redelivered in position order to the new owners
+                // of their hashes, before newer entries of those hashes.
                 let mine: Vec<Position> = self
                     .pending
                     .iter()
@@ -309,7 +332,7 @@ impl Dispatcher {
         let new = match self.sub_type {
             Some(SubType::Failover) => select_active(self.consumers.iter().map(|c| &c.info)),
             Some(SubType::Exclusive) => self.consumers.first().map(|c| c.info.id),
-            Some(SubType::Shared) | None => None,
+            Some(SubType::Shared | SubType::KeyShared) | None => None,
         };
         let failover = self.sub_type == Some(SubType::Failover);
         let mut events = Vec::new();
@@ -359,6 +382,7 @@ impl Dispatcher {
             self.replay.remove(&pos);
             self.reading_replay.remove(&pos);
             self.counts.remove(&pos);
+            self.hashes.remove(&pos);
         }
         Ok(())
     }
@@ -366,7 +390,7 @@ impl Dispatcher {
     /// A cumulative ack up to `pos` (refused on Shared).
     pub fn ack_cumulative(&mut self, id: ConsumerId, pos: Position) -> Result<(), DispatchError> {
         self.idx(id)?;
-        if self.sub_type == Some(SubType::Shared) {
+        if self.sub_type.is_some_and(|t| !t.allows_cumulative_ack()) {
             return Err(DispatchError::CumulativeAckOnShared);
         }
         let done: Vec<Position> = self.pending.range(..=pos).map(|(p, _)| *p).collect();
@@ -376,6 +400,7 @@ impl Dispatcher {
         self.replay.retain(|p| *p > pos);
         self.reading_replay.retain(|p| *p > pos);
         self.counts.retain(|p, _| *p > pos);
+        self.hashes.retain(|p, _| *p > pos);
         Ok(())
     }
 
@@ -391,7 +416,7 @@ impl Dispatcher {
     ) -> Result<(), DispatchError> {
         self.idx(id)?;
         match self.sub_type {
-            Some(SubType::Shared) => {
+            Some(SubType::Shared | SubType::KeyShared) => {
                 let mine: Vec<Position> = match positions {
                     Some(list) => list
                         .iter()
@@ -424,6 +449,8 @@ impl Dispatcher {
         self.replay.clear();
         self.reading_replay.clear();
         self.counts.clear();
+        self.hashes.clear();
+        self.draining.clear();
         self.unacked_total = 0;
         self.blocked = false;
         for c in &mut self.consumers {
@@ -440,6 +467,8 @@ impl Dispatcher {
             self.bump_count(pos);
         }
         self.pending.clear();
+        self.hashes.clear();
+        self.draining.clear();
         self.unacked_total = 0;
         self.blocked = false;
         for c in &mut self.consumers {
@@ -466,6 +495,15 @@ impl Dispatcher {
     /// Removes `pos` from the pending entries, releasing its unacked counts.
     fn take_back(&mut self, pos: Position) -> Option<Pending> {
         let p = self.pending.remove(&pos)?;
+        if let Some(h) = self.hashes.get(&pos)
+            && let Some((holder, count)) = self.draining.get_mut(h)
+            && *holder == p.consumer
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.draining.remove(h);
+            }
+        }
         let n = u64::from(p.messages);
         self.unacked_total = self.unacked_total.saturating_sub(n);
         if self.blocked
@@ -495,7 +533,7 @@ impl Dispatcher {
     /// Permits (messages) dispatch may use now.
     fn usable_permits(&self) -> i64 {
         match self.sub_type {
-            Some(SubType::Shared) => self
+            Some(SubType::Shared | SubType::KeyShared) => self
                 .consumers
                 .iter()
                 .filter(|c| Self::eligible(c))
@@ -538,6 +576,29 @@ impl Dispatcher {
                 .max(1);
             if self.replay.is_empty() {
                 ReadPlan::Next { entries_max: n }
+            } else if self.sub_type == Some(SubType::KeyShared) {
+                // Replay what can go now; while everything waiting is held
+                // back (ordering, no owner with permits), look ahead at new
+                // entries, up to the lookahead bound.
+                let positions: Vec<Position> = self
+                    .replay
+                    .iter()
+                    .filter(|p| self.replay_dispatchable(**p))
+                    .take(n)
+                    .copied()
+                    .collect();
+                if positions.is_empty() {
+                    if self.replay.len() >= self.limits.key_shared_lookahead_max {
+                        return None;
+                    }
+                    ReadPlan::Next { entries_max: n }
+                } else {
+                    for p in &positions {
+                        self.replay.remove(p);
+                    }
+                    self.reading_replay = positions.iter().copied().collect();
+                    ReadPlan::Replay(positions)
+                }
             } else {
                 let positions: Vec<Position> = self.replay.iter().take(n).copied().collect();
                 for p in &positions {
@@ -583,13 +644,45 @@ impl Dispatcher {
                 return Vec::new();
             }
             // Acked while being read: left out.
-            ReadPlan::Replay(_) => entries.retain(|e| reading.contains(&e.position)),
+            ReadPlan::Replay(positions) => {
+                entries.retain(|e| reading.contains(&e.position));
+                // Positions that did not come back are acked: forget them.
+                for p in positions {
+                    if !entries.iter().any(|e| e.position == p) {
+                        self.hashes.remove(&p);
+                    }
+                }
+            }
             ReadPlan::Next { .. } => {}
         }
         self.assign(entries)
     }
 
+    /// Key_Shared: whether the consumer owning `hash` may take an entry of
+    /// it now (it has permits and room, and no other consumer holds
+    /// unacked entries of it unless out-of-order delivery is allowed).
+    fn key_shared_target(&self, hash: u16) -> Option<usize> {
+        let owner = self.selector.select(hash)?;
+        if !self.selector.allow_out_of_order()
+            && let Some((holder, _)) = self.draining.get(&hash)
+            && *holder != owner
+        {
+            return None;
+        }
+        let i = self.consumers.iter().position(|c| c.info.id == owner)?;
+        Self::eligible(&self.consumers[i]).then_some(i)
+    }
+
+    fn replay_dispatchable(&self, pos: Position) -> bool {
+        self.hashes
+            .get(&pos)
+            .is_none_or(|h| self.key_shared_target(*h).is_some())
+    }
+
     fn assign<T>(&mut self, entries: Vec<ReadEntry<T>>) -> Vec<Assignment<T>> {
+        if self.sub_type == Some(SubType::KeyShared) {
+            return self.assign_key_shared(entries);
+        }
         let mut out = Vec::new();
         let mut entries = entries.into_iter();
         while let Some(e) = entries.next() {
@@ -602,6 +695,61 @@ impl Dispatcher {
                 self.replay.extend(entries.map(|e| e.position));
                 break;
             };
+            out.push(self.give(i, e));
+        }
+        out
+    }
+
+    /// Key_Shared: each entry goes to the owner of its hash if it can take
+    /// it now and no earlier entry of that hash waits for redelivery;
+    /// otherwise it waits in the replay set (later entries still go).
+    fn assign_key_shared<T>(&mut self, entries: Vec<ReadEntry<T>>) -> Vec<Assignment<T>> {
+        let mut waiting: HashMap<u16, Position> = HashMap::new();
+        for p in &self.replay {
+            if let Some(h) = self.hashes.get(p) {
+                waiting.entry(*h).or_insert(*p);
+            }
+        }
+        let mut out = Vec::new();
+        let mut entries = entries.into_iter();
+        while let Some(e) = entries.next() {
+            if self.pending.contains_key(&e.position) {
+                continue;
+            }
+            self.hashes.insert(e.position, e.key_hash);
+            if self.blocked {
+                self.replay.insert(e.position);
+                for rest in entries.by_ref() {
+                    self.hashes.insert(rest.position, rest.key_hash);
+                    self.replay.insert(rest.position);
+                }
+                break;
+            }
+            let earlier_waits = waiting.get(&e.key_hash).is_some_and(|p| *p < e.position);
+            let target = if earlier_waits {
+                None
+            } else {
+                self.key_shared_target(e.key_hash)
+            };
+            let Some(i) = target else {
+                self.replay.insert(e.position);
+                let w = waiting.entry(e.key_hash).or_insert(e.position);
+                *w = (*w).min(e.position);
+                continue;
+            };
+            if !self.selector.allow_out_of_order() {
+                let holder = self.consumers[i].info.id;
+                let d = self.draining.entry(e.key_hash).or_insert((holder, 0));
+                d.1 += 1;
+            }
+            out.push(self.give(i, e));
+        }
+        out
+    }
+
+    /// Delivers `e` to consumer `i`: permits, unacked counts, pending.
+    fn give<T>(&mut self, i: usize, e: ReadEntry<T>) -> Assignment<T> {
+        {
             let messages = e.messages.max(1);
             let n = u64::from(messages);
             let c = &mut self.consumers[i];
@@ -617,20 +765,21 @@ impl Dispatcher {
             }
             self.pending
                 .insert(e.position, Pending { consumer, messages });
-            out.push(Assignment {
+            Assignment {
                 consumer,
                 position: e.position,
                 messages,
                 redelivery_count: self.redelivery_count(e.position),
                 payload: e.payload,
-            });
+            }
         }
-        out
     }
 
     fn select(&mut self) -> Option<usize> {
         match self.sub_type? {
             SubType::Shared => self.select_shared(),
+            // Key_Shared selects per entry (assign_key_shared).
+            SubType::KeyShared => None,
             SubType::Exclusive | SubType::Failover => self
                 .active_idx()
                 .filter(|&i| Self::eligible(&self.consumers[i])),
@@ -692,6 +841,7 @@ impl Dispatcher {
             blocked: self.blocked,
             replay_entries: self.replay.len() + self.reading_replay.len(),
             redelivery_counts: self.counts.len(),
+            draining_hashes: self.draining.len(),
             redelivery_counts_dropped: self.counts_dropped,
             consumers: self
                 .consumers

@@ -29,6 +29,7 @@ mod tests {
             name: name.to_string(),
             priority,
             sub_type: SubType::Failover,
+            key_shared: None,
         }
     }
 

@@ -1,6 +1,7 @@
-//! Subscription dispatch as plain state machines (issue 7 item 9; STYLE §2):
-//! who may consume (Exclusive, Failover, Shared), which consumer gets each
-//! entry (round-robin over consumers with permits, the active consumer),
+//! Subscription dispatch as plain state machines (issue 7 item 9, issue 8
+//! item 1; STYLE §2): who may consume (Exclusive, Failover, Shared,
+//! Key_Shared), which consumer gets each entry (round-robin over consumers
+//! with permits, the active consumer, the owner of the entry's key hash),
 //! flow-control permits counted in messages (a batch entry counts its
 //! messages, pulsar.md G11), unacknowledged tracking with per-consumer and
 //! per-subscription limits, and redelivery with per-position counts.
@@ -34,16 +35,27 @@
 //! (`redelivery_counts_max`: beyond it an increment for a new position is
 //! dropped and counted in [`DispatcherStats::redelivery_counts_dropped`]).
 //!
-//! Key_Shared is a later issue: it adds a [`SubType`] variant and a selector
-//! keyed by the entry's key next to [`Dispatcher`]'s round-robin selection
-//! (the caller would then pass a key extractor next to the message counter).
+//! Key_Shared ([`key_shared`] for the hash and the selector): an entry goes
+//! to the consumer owning its sticky key hash, only if that consumer has
+//! permits; otherwise it waits in the replay set and later entries of the
+//! same hash wait behind it (per-key order), while other keys go on. Ordering
+//! across joins ("draining hashes", Pulsar 4 / PIP-379): while a consumer
+//! holds delivered, unacked entries of a hash, no other consumer gets an
+//! entry of that hash (unless `allowOutOfOrderDelivery`), so a newcomer that
+//! takes a hash over starts after the previous owner's acks. A consumer that
+//! leaves hands its unacked entries back; they are redelivered in position
+//! order to the new owners, before newer entries of those hashes. While every
+//! waiting entry is held back, new entries are still read (lookahead) up to
+//! `key_shared_lookahead_max` waiting entries.
 
 mod dispatcher;
 mod failover;
+pub mod key_shared;
 mod types;
 
 pub use dispatcher::{
     Assignment, ConsumerStats, Dispatcher, DispatcherStats, Event, ReadEntry, ReadPlan, ReadTicket,
 };
 pub use failover::select_active;
+pub use key_shared::{HashRange, KeySharedError, KeySharedMode, KeySharedSpec};
 pub use types::{ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType};

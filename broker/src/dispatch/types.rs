@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use super::key_shared::{KeySharedError, KeySharedSpec};
+
 /// A consumer: the connection it came on and the consumer id the client chose
 /// on that connection (Pulsar consumer ids are per connection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -29,8 +31,7 @@ impl fmt::Display for ConsumerId {
     }
 }
 
-/// Subscription type (Pulsar `CommandSubscribe.subType`). Key_Shared is not
-/// served yet (see the module doc for where it goes).
+/// Subscription type (Pulsar `CommandSubscribe.subType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SubType {
     /// One consumer; a second one is refused.
@@ -39,6 +40,9 @@ pub enum SubType {
     Shared,
     /// Many consumers, one active (priority, then name) receives everything.
     Failover,
+    /// Every key (sticky key hash) goes to one consumer at a time, in order
+    /// (see [`super::key_shared`]).
+    KeyShared,
 }
 
 impl SubType {
@@ -47,7 +51,12 @@ impl SubType {
         matches!(self, Self::Exclusive | Self::Failover)
     }
 
-    /// Whether cumulative acks are allowed (not on Shared).
+    /// True for the types that spread entries over many consumers.
+    pub const fn is_multi(self) -> bool {
+        matches!(self, Self::Shared | Self::KeyShared)
+    }
+
+    /// Whether cumulative acks are allowed (not on Shared / Key_Shared).
     pub const fn allows_cumulative_ack(self) -> bool {
         self.is_single_active()
     }
@@ -59,6 +68,7 @@ impl fmt::Display for SubType {
             Self::Exclusive => "Exclusive",
             Self::Shared => "Shared",
             Self::Failover => "Failover",
+            Self::KeyShared => "Key_Shared",
         })
     }
 }
@@ -74,6 +84,9 @@ pub struct ConsumerInfo {
     pub priority: i32,
     /// The subscription type it asked for.
     pub sub_type: SubType,
+    /// Key_Shared settings (`None` = AUTO_SPLIT, ordered); ignored for
+    /// other types.
+    pub key_shared: Option<KeySharedSpec>,
 }
 
 /// The bounds of one dispatcher (Pulsar defaults where Pulsar has one).
@@ -94,6 +107,11 @@ pub struct DispatchLimits {
     pub round_robin_entries_max: u32,
     /// Positions whose redelivery count is kept.
     pub redelivery_counts_max: usize,
+    /// Key_Shared: entries waiting for redelivery (held back by ordering or
+    /// without a consumer that can take them) beyond which no new entries
+    /// are read. Pulsar
+    /// `keySharedLookAheadMsgInReplayThresholdPerSubscription=20000`.
+    pub key_shared_lookahead_max: usize,
 }
 
 impl Default for DispatchLimits {
@@ -105,6 +123,7 @@ impl Default for DispatchLimits {
             read_entries_max: 100,
             round_robin_entries_max: 20,
             redelivery_counts_max: 400_000,
+            key_shared_lookahead_max: 20_000,
         }
     }
 }
@@ -139,9 +158,13 @@ pub enum DispatchError {
     /// No such consumer is attached.
     #[error("consumer {0} is not attached")]
     UnknownConsumer(ConsumerId),
-    /// Cumulative ack on a Shared subscription.
-    #[error("cumulative ack is not allowed on a Shared subscription")]
+    /// Cumulative ack on a Shared or Key_Shared subscription.
+    #[error("cumulative ack is not allowed on a Shared or Key_Shared subscription")]
     CumulativeAckOnShared,
+    /// A Key_Shared consumer's settings were refused (mode mismatch, range
+    /// conflict); Pulsar's `ConsumerAssignError` / `ConsumerBusy` on the wire.
+    #[error(transparent)]
+    KeyShared(#[from] KeySharedError),
 }
 
 #[cfg(test)]
@@ -154,6 +177,7 @@ mod tests {
             (SubType::Exclusive, true),
             (SubType::Failover, true),
             (SubType::Shared, false),
+            (SubType::KeyShared, false),
         ] {
             assert_eq!(t.is_single_active(), single, "{t}");
             assert_eq!(t.allows_cumulative_ack(), single, "{t}");

@@ -14,6 +14,9 @@
 //!   `append_failures`: appends completed with an error (fenced, closed,
 //!   ledger error); `append_latency`: submit → completion of each success;
 //! - `rollovers`: data ledgers replaced by a new one (any reason);
+//! - `ledger_write_failures`: data ledgers whose writer failed (not fenced)
+//!   and that were recovered and closed; `appends_resent`: pending appends
+//!   sent again on a new ledger after such a failure;
 //! - `cursor_persists`, `cursor_persist_bytes`: cursor snapshots durably
 //!   written to cursor ledgers and their encoded bytes;
 //!   `cursor_persist_failures`: snapshot writes that failed;
@@ -85,6 +88,8 @@ pub struct MlMetricsInner {
     pub append_failures: AtomicU64,
     pub append_latency: LatencyHistogram,
     pub rollovers: AtomicU64,
+    pub ledger_write_failures: AtomicU64,
+    pub appends_resent: AtomicU64,
     pub cursor_persists: AtomicU64,
     pub cursor_persist_bytes: AtomicU64,
     pub cursor_persist_failures: AtomicU64,
@@ -133,6 +138,8 @@ pub struct MlMetricsSnapshot {
     pub append_latency_buckets: Vec<(Option<u64>, u64)>,
     pub append_latency_sum_us: u64,
     pub rollovers: u64,
+    pub ledger_write_failures: u64,
+    pub appends_resent: u64,
     pub cursor_persists: u64,
     pub cursor_persist_bytes: u64,
     pub cursor_persist_failures: u64,
@@ -161,6 +168,8 @@ impl MlMetrics {
             append_latency_buckets: self.append_latency.cumulative(),
             append_latency_sum_us: self.append_latency.sum_us(),
             rollovers: r(&self.rollovers),
+            ledger_write_failures: r(&self.ledger_write_failures),
+            appends_resent: r(&self.appends_resent),
             cursor_persists: r(&self.cursor_persists),
             cursor_persist_bytes: r(&self.cursor_persist_bytes),
             cursor_persist_failures: r(&self.cursor_persist_failures),

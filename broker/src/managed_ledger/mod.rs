@@ -1,7 +1,8 @@
 //! The managed ledger's and cursor's pure core (issue 6, item 5; STYLE §2): a
 //! topic as an ordered list of ledgers, cursors as a mark-delete position plus
 //! a bounded set of individually acknowledged ranges, and the decisions taken
-//! over them (rollover, trimming, persistence rate, publish-time search).
+//! over them (rollover, trimming, persistence rate, publish-time search,
+//! close-and-resend after a ledger write failure).
 //!
 //! Promises: nothing here does I/O, spawns, sleeps or reads a clock. Time is
 //! an input in milliseconds; the async driver reads and writes ledgers and the
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod position;
 pub mod publish_time;
 pub mod range_set;
+pub mod resend;
 pub mod rollover;
 pub mod trim;
 pub mod ttl;
@@ -35,6 +37,7 @@ pub use metrics::{MlMetrics, MlMetricsSnapshot};
 pub use position::Position;
 pub use publish_time::{PublishTimeSearch, SearchError, SearchResult, SearchStep};
 pub use range_set::{PersistedRanges, RangeSet};
+pub use resend::{ResendError, ResendPlan, RetryPolicy, plan_resend};
 pub use rollover::{RolloverDecision, RolloverPolicy, RolloverReason};
 pub use trim::{RetentionPolicy, deletable_ledgers};
 

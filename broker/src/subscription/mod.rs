@@ -25,7 +25,7 @@
 //!   entry is delivered again (at-least-once after a reconnect).
 //!
 //! Not yet: Failover's `activeConsumerFailoverDelayTimeMillis` (the switch is
-//! immediate), Key_Shared, delayed delivery, dispatch rate limits.
+//! immediate), delayed delivery, dispatch rate limits.
 
 mod read_loop;
 mod types;
@@ -37,7 +37,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use types::{
-    ConsumerSpec, Delivery, MessageCounter, StartPosition, SubError, SubscriptionConfig,
+    ConsumerSpec, Delivery, KeyHasher, MessageCounter, StartPosition, SubError, SubscriptionConfig,
     SubscriptionStats,
 };
 
@@ -199,6 +199,7 @@ impl Subscription {
             name: spec.name.clone(),
             priority: spec.priority,
             sub_type: spec.sub_type,
+            key_shared: spec.key_shared.clone(),
         })?;
         st.sinks.insert(spec.id, spec.sink);
         emit(&st, events);

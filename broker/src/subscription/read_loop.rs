@@ -173,6 +173,7 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
         .map(|e| ReadEntry {
             position: e.position,
             messages: (inner.counter)(&e.payload),
+            key_hash: inner.config.key_hasher.hash(&e.payload),
             payload: e.payload,
         })
         .collect();

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::dispatch::{ConsumerId, DispatchError, DispatchLimits, DispatcherStats, SubType};
+use crate::dispatch::key_shared::{sticky_key, sticky_key_hash};
+use crate::dispatch::{
+    ConsumerId, DispatchError, DispatchLimits, DispatcherStats, KeySharedSpec, SubType,
+};
 use crate::managed_ledger::Position;
 use crate::managed_ledger::io::MlError;
 
@@ -14,6 +17,56 @@ use crate::managed_ledger::io::MlError;
 /// pulsar.md G11), read from the stored bytes by the caller's codec. A
 /// result of 0 is taken as 1.
 pub type MessageCounter = Arc<dyn Fn(&[u8]) -> u32 + Send + Sync>;
+
+/// A function from stored entry bytes to its sticky key hash.
+pub type KeyHashFn = dyn Fn(&[u8]) -> u16 + Send + Sync;
+
+/// The sticky key hash of a stored entry (Key_Shared), `0..65536`.
+#[derive(Clone)]
+pub struct KeyHasher(pub Arc<KeyHashFn>);
+
+impl KeyHasher {
+    /// Pulsar's rule on a stored Pulsar entry (`[magic, crc, metadata,
+    /// payload]`): the hash of the metadata's ordering key, else partition
+    /// key, else `NONE_KEY` (also for an entry that does not parse).
+    pub fn pulsar() -> Self {
+        Self(Arc::new(|entry: &[u8]| {
+            let parsed = cms_client::proto::frame::parse_entry(entry).ok();
+            let m = parsed.as_ref().map(|p| &p.metadata);
+            let key = sticky_key(
+                m.and_then(|m| m.ordering_key.as_deref()),
+                m.and_then(|m| m.partition_key.as_deref()),
+                m.and_then(|m| m.partition_key_b64_encoded).unwrap_or(false),
+            );
+            sticky_key_hash(&key)
+        }))
+    }
+
+    /// The hash of `entry`.
+    pub fn hash(&self, entry: &[u8]) -> u16 {
+        (self.0)(entry)
+    }
+}
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        Self::pulsar()
+    }
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher")
+    }
+}
+
+impl PartialEq for KeyHasher {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for KeyHasher {}
 
 /// What a subscription sends to a consumer's connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +102,8 @@ pub struct ConsumerSpec {
     pub priority: i32,
     /// The subscription type asked for.
     pub sub_type: SubType,
+    /// Key_Shared settings (`None`: AUTO_SPLIT, ordered).
+    pub key_shared: Option<KeySharedSpec>,
     /// Where its deliveries go (bounded; owned by the connection). A full
     /// sink pauses deliveries to this consumer; a closed one detaches it.
     pub sink: mpsc::Sender<Delivery>,
@@ -76,6 +131,9 @@ pub struct SubscriptionConfig {
     /// Longest delay between retries of a failed read, ms (doubling from
     /// 10 ms).
     pub read_retry_delay_ms_max: u64,
+    /// Key_Shared: the sticky key hash of an entry (default: Pulsar's rule
+    /// on a stored Pulsar entry).
+    pub key_hasher: KeyHasher,
 }
 
 impl Default for SubscriptionConfig {
@@ -84,6 +142,7 @@ impl Default for SubscriptionConfig {
             limits: DispatchLimits::default(),
             tail_wait_ms: 1_000,
             read_retry_delay_ms_max: 5_000,
+            key_hasher: KeyHasher::default(),
         }
     }
 }

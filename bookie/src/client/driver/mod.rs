@@ -412,6 +412,13 @@ impl LedgerClient {
         })
     }
 
+    /// The largest payload one add accepts (the writers'
+    /// `entry_payload_bytes_max`): a larger add is refused with
+    /// [`AddError::TooLarge`].
+    pub fn entry_payload_bytes_max(&self) -> usize {
+        self.inner.options.writer.entry_payload_bytes_max
+    }
+
     /// The bookies known now (writable and read-only), sorted by id.
     pub fn bookies(&self) -> Vec<BookieInfo> {
         let mut b = self.inner.registry.snapshot();

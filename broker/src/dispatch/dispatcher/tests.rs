@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::dispatch::{HashRange, KeySharedError, KeySharedMode, KeySharedSpec};
 
 fn pos(e: i64) -> Position {
     Position::new(1, e)
@@ -22,6 +23,7 @@ fn info(i: u64, name: &str, priority: i32, sub_type: SubType) -> ConsumerInfo {
         name: name.to_string(),
         priority,
         sub_type,
+        key_shared: None,
     }
 }
 
@@ -35,6 +37,8 @@ struct Sim {
     read_after: i64,
     mark_delete: i64,
     acked: BTreeSet<i64>,
+    /// Key_Shared: entry id -> sticky key hash (absent: 0).
+    keys: BTreeMap<i64, u16>,
 }
 
 impl Sim {
@@ -45,7 +49,12 @@ impl Sim {
             read_after: -1,
             mark_delete: -1,
             acked: BTreeSet::new(),
+            keys: BTreeMap::new(),
         }
+    }
+
+    fn hash_of(&self, e: i64) -> u16 {
+        self.keys.get(&e).copied().unwrap_or(0)
     }
 
     fn add(&mut self, i: u64, t: SubType) -> Vec<Event> {
@@ -66,6 +75,7 @@ impl Sim {
         ReadEntry {
             position: pos(e),
             messages: self.topic[usize::try_from(e).unwrap_or(0)],
+            key_hash: self.hash_of(e),
             payload: (),
         }
     }
@@ -702,13 +712,15 @@ fn reads_are_bounded_by_permits_the_batch_limit_and_the_subscription_room() {
 fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
     for seed in 0..200u64 {
         let mut rng = StdRng::seed_from_u64(seed);
-        let t = match rng.random_range(0..3) {
+        let t = match rng.random_range(0..4) {
             0 => SubType::Shared,
             1 => SubType::Failover,
+            2 => SubType::KeyShared,
             _ => SubType::Exclusive,
         };
         let n = rng.random_range(1..40usize);
         let topic: Vec<u32> = (0..n).map(|_| rng.random_range(1..4)).collect();
+        let key_count = rng.random_range(1..6u16);
         let limits = DispatchLimits {
             unacked_messages_per_consumer_max: rng.random_range(2..20),
             unacked_messages_per_subscription_max: rng.random_range(4..40),
@@ -717,6 +729,10 @@ fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
             ..DispatchLimits::default()
         };
         let mut sim = Sim::new(limits, topic);
+        for e in 0..n {
+            let e = i64::try_from(e).unwrap_or(0);
+            sim.keys.insert(e, rng.random_range(0..key_count));
+        }
         let mut next_id = 1u64;
         let mut held: BTreeMap<i64, u64> = BTreeMap::new();
         let mut delivered: BTreeSet<i64> = BTreeSet::new();
@@ -759,7 +775,7 @@ fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
                 8 if !ids.is_empty() => {
                     let id = ids[rng.random_range(0..ids.len())];
                     sim.d.redeliver(id, None).unwrap_or_else(|e| panic!("{e}"));
-                    if t == SubType::Shared {
+                    if t.is_multi() {
                         held.retain(|_, c| *c != id.consumer);
                     } else if sim.d.active() == Some(id) {
                         held.clear();
@@ -767,7 +783,7 @@ fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
                 }
                 _ => {}
             }
-            if t != SubType::Shared && sim.d.stats().pending_entries == 0 {
+            if !t.is_multi() && sim.d.stats().pending_entries == 0 {
                 held.clear();
             }
             for (c, e, _) in sim.pump() {
@@ -775,7 +791,21 @@ fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
                 assert!(*p > 0, "seed {seed}: entry {e} to {c} without permits");
                 *p -= i64::from(sim.topic[usize::try_from(e).unwrap_or(0)]);
                 assert!(!sim.is_acked(e), "seed {seed}: acked entry {e} delivered");
-                if t == SubType::Shared {
+                if t == SubType::KeyShared {
+                    // Per-key order: every earlier entry of the key is acked
+                    // or held by this same consumer.
+                    let h = sim.hash_of(e);
+                    for q in 0..e {
+                        if sim.hash_of(q) == h && !sim.is_acked(q) {
+                            assert_eq!(
+                                held.get(&q),
+                                Some(&c),
+                                "seed {seed}: entry {e} of hash {h} to {c} before entry {q}"
+                            );
+                        }
+                    }
+                }
+                if t.is_multi() {
                     assert!(
                         held.insert(e, c).is_none(),
                         "seed {seed}: entry {e} held twice"
@@ -819,4 +849,272 @@ fn random_schedules_deliver_every_entry_and_hold_each_by_one_consumer() {
             "seed {seed}"
         );
     }
+}
+
+// ---- Key_Shared ----
+
+fn key_shared_sim(limits: DispatchLimits, n: usize, keys: &[&str]) -> Sim {
+    let mut sim = Sim::new(limits, vec![1; n]);
+    for e in 0..n {
+        let k = keys[e % keys.len()];
+        let e = i64::try_from(e).unwrap_or(0);
+        sim.keys.insert(
+            e,
+            crate::dispatch::key_shared::sticky_key_hash(k.as_bytes()),
+        );
+    }
+    sim
+}
+
+fn add_key_shared(sim: &mut Sim, i: u64, name: &str, spec: Option<KeySharedSpec>) {
+    sim.d
+        .add_consumer(ConsumerInfo {
+            key_shared: spec,
+            ..info(i, name, 0, SubType::KeyShared)
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Keys whose hashes the selector gives to consumers with these names.
+fn owner_by_key(names: &[(u64, &str)], keys: &[String]) -> BTreeMap<String, u64> {
+    let mut s = crate::dispatch::key_shared::Selector::new();
+    for (i, n) in names {
+        s.add(cid(*i), n, &KeySharedSpec::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    keys.iter()
+        .map(|k| {
+            let h = crate::dispatch::key_shared::sticky_key_hash(k.as_bytes());
+            let c = s.select(h).unwrap_or_else(|| panic!("no owner"));
+            (k.clone(), c.consumer)
+        })
+        .collect()
+}
+
+#[test]
+fn key_shared_sends_each_key_to_one_consumer_in_order() {
+    let keys: Vec<String> = (0..30).map(|k| format!("key-{k}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut sim = key_shared_sim(DispatchLimits::default(), 300, &key_refs);
+    for (i, n) in [(1, "a"), (2, "b"), (3, "c")] {
+        add_key_shared(&mut sim, i, n, None);
+        sim.flow(i, 1_000);
+    }
+    let got = sim.pump();
+    assert_eq!(got.len(), 300);
+    let owners = owner_by_key(&[(1, "a"), (2, "b"), (3, "c")], &keys);
+    let mut last: BTreeMap<usize, i64> = BTreeMap::new();
+    for (c, e, count) in &got {
+        let k = usize::try_from(*e).unwrap_or(0) % keys.len();
+        assert_eq!(owners[&keys[k]], *c, "entry {e} of {}", keys[k]);
+        assert!(
+            last.insert(k, *e).is_none_or(|p| p < *e),
+            "order of {}",
+            keys[k]
+        );
+        assert_eq!(*count, 0);
+    }
+    let used: BTreeSet<u64> = consumers_of(&got).into_iter().collect();
+    assert_eq!(used.len(), 3, "every consumer gets keys");
+    // Cumulative acks and a Shared consumer are refused.
+    assert_eq!(
+        sim.d.ack_cumulative(cid(1), pos(5)),
+        Err(DispatchError::CumulativeAckOnShared)
+    );
+    assert!(matches!(
+        sim.d.add_consumer(info(9, "s", 0, SubType::Shared)),
+        Err(DispatchError::SubTypeMismatch { .. })
+    ));
+}
+
+#[test]
+fn key_shared_waits_for_permits_of_the_owner_without_stalling_other_keys() {
+    // Two keys, owned by different consumers; one consumer has no permits.
+    let keys = ["k0".to_string(), "k1".to_string()];
+    let names = [(1, "a"), (2, "b")];
+    let owners = owner_by_key(&names, &keys);
+    let (k_a, k_b): (Vec<_>, Vec<_>) = (0..40)
+        .map(|i| (format!("x{i}"), i))
+        .map(|(k, _)| k)
+        .partition(|k| owner_by_key(&names, std::slice::from_ref(k))[k] == 1);
+    assert!(!k_a.is_empty() && !k_b.is_empty(), "{owners:?}");
+    let key_refs = [k_a[0].as_str(), k_b[0].as_str()];
+    let mut sim = key_shared_sim(DispatchLimits::default(), 10, &key_refs);
+    add_key_shared(&mut sim, 1, "a", None);
+    add_key_shared(&mut sim, 2, "b", None);
+    sim.flow(2, 100);
+    let got = sim.pump();
+    // b's key (odd entries) flows; a's key waits.
+    assert_eq!(entries_of(&got), vec![1, 3, 5, 7, 9]);
+    sim.flow(1, 100);
+    let got = sim.pump();
+    assert_eq!(entries_of(&got), vec![0, 2, 4, 6, 8]);
+    assert_eq!(consumers_of(&got), vec![1; 5]);
+}
+
+/// Entry ids and keys for draining tests: keys that `a` owns alone and
+/// that `b` takes over when it joins.
+fn taken_over_key(names_before: &[(u64, &str)], names_after: &[(u64, &str)]) -> (String, String) {
+    let cands: Vec<String> = (0..500).map(|i| format!("key-{i}")).collect();
+    let before = owner_by_key(names_before, &cands);
+    let after = owner_by_key(names_after, &cands);
+    let moved = cands
+        .iter()
+        .find(|k| before[*k] != after[*k])
+        .unwrap_or_else(|| panic!("no key moves"))
+        .clone();
+    let kept = cands
+        .iter()
+        .find(|k| before[*k] == after[*k])
+        .unwrap_or_else(|| panic!("no key stays"))
+        .clone();
+    (moved, kept)
+}
+
+#[test]
+fn a_joining_consumer_gets_a_taken_hash_only_after_the_old_deliveries_are_acked() {
+    for allow_out_of_order in [false, true] {
+        let (moved, kept) = taken_over_key(&[(1, "a")], &[(1, "a"), (2, "b")]);
+        // Entries 0..4 before the join, 4..8 after; even: moved, odd: kept.
+        let mut sim = key_shared_sim(
+            DispatchLimits::default(),
+            4,
+            &[moved.as_str(), kept.as_str()],
+        );
+        let spec = KeySharedSpec {
+            allow_out_of_order,
+            ..KeySharedSpec::default()
+        };
+        add_key_shared(&mut sim, 1, "a", Some(spec.clone()));
+        sim.flow(1, 100);
+        assert_eq!(entries_of(&sim.pump()), vec![0, 1, 2, 3]);
+        add_key_shared(&mut sim, 2, "b", Some(spec));
+        sim.flow(2, 100);
+        sim.topic.extend([1, 1, 1, 1]);
+        for e in 4..8 {
+            let k = if e % 2 == 0 { &moved } else { &kept };
+            sim.keys.insert(
+                e,
+                crate::dispatch::key_shared::sticky_key_hash(k.as_bytes()),
+            );
+        }
+        let got = sim.pump();
+        if allow_out_of_order {
+            assert_eq!(got, vec![(2, 4, 0), (1, 5, 0), (2, 6, 0), (1, 7, 0)]);
+            continue;
+        }
+        // The moved key waits for a's acks of 0 and 2; the kept key flows.
+        assert_eq!(got, vec![(1, 5, 0), (1, 7, 0)]);
+        assert_eq!(sim.d.stats().draining_hashes, 2);
+        sim.ack(1, &[0]);
+        assert_eq!(sim.pump(), vec![]);
+        sim.ack(1, &[2]);
+        assert_eq!(sim.pump(), vec![(2, 4, 0), (2, 6, 0)]);
+    }
+}
+
+#[test]
+fn a_leaving_consumer_s_unacked_go_to_the_new_owner_in_order_before_newer_ones() {
+    let (moved, _) = taken_over_key(&[(1, "a")], &[(1, "a"), (2, "b")]);
+    // Every entry has the key b owns while both are attached.
+    let mut sim = key_shared_sim(DispatchLimits::default(), 6, &[moved.as_str()]);
+    add_key_shared(&mut sim, 2, "b", None);
+    sim.flow(2, 3);
+    assert_eq!(entries_of(&sim.pump()), vec![0, 1, 2]);
+    add_key_shared(&mut sim, 1, "a", None);
+    sim.flow(1, 100);
+    // a does not own the key: nothing for it; b has no permits left.
+    assert_eq!(sim.pump(), vec![]);
+    sim.ack(2, &[1]);
+    sim.d
+        .remove_consumer(cid(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // a owns it now: 0 and 2 again (count 1), then the newer 3..6 in order.
+    assert_eq!(
+        sim.pump(),
+        vec![(1, 0, 1), (1, 2, 1), (1, 3, 0), (1, 4, 0), (1, 5, 0)]
+    );
+}
+
+#[test]
+fn sticky_consumers_get_their_declared_ranges_only() {
+    let h = |k: &str| crate::dispatch::key_shared::sticky_key_hash(k.as_bytes());
+    let (lo, hi) = (0..100)
+        .map(|i| format!("s{i}"))
+        .fold((None, None), |(lo, hi), k| {
+            if h(&k) < 32_768 {
+                (lo.or(Some(k)), hi)
+            } else {
+                (lo, hi.or(Some(k)))
+            }
+        });
+    let (lo, hi) = (lo.unwrap_or_default(), hi.unwrap_or_default());
+    let mut sim = key_shared_sim(DispatchLimits::default(), 6, &[lo.as_str(), hi.as_str()]);
+    let sticky = |r: (u16, u16)| KeySharedSpec {
+        mode: KeySharedMode::Sticky,
+        ranges: vec![HashRange {
+            start: r.0,
+            end: r.1,
+        }],
+        allow_out_of_order: false,
+    };
+    add_key_shared(&mut sim, 1, "low", Some(sticky((0, 32_767))));
+    sim.flow(1, 100);
+    // The upper half has no consumer: its entries wait, the rest flows.
+    assert_eq!(sim.pump(), vec![(1, 0, 0), (1, 2, 0), (1, 4, 0)]);
+    let clash = sim.d.add_consumer(ConsumerInfo {
+        key_shared: Some(sticky((30_000, 40_000))),
+        ..info(3, "clash", 0, SubType::KeyShared)
+    });
+    assert!(
+        matches!(
+            clash,
+            Err(DispatchError::KeyShared(
+                KeySharedError::RangeConflict { .. }
+            ))
+        ),
+        "{clash:?}"
+    );
+    let auto = sim.d.add_consumer(info(4, "auto", 0, SubType::KeyShared));
+    assert!(
+        matches!(
+            auto,
+            Err(DispatchError::KeyShared(
+                KeySharedError::ModeMismatch { .. }
+            ))
+        ),
+        "{auto:?}"
+    );
+    add_key_shared(&mut sim, 2, "high", Some(sticky((32_768, 65_535))));
+    sim.flow(2, 100);
+    assert_eq!(sim.pump(), vec![(2, 1, 0), (2, 3, 0), (2, 5, 0)]);
+}
+
+#[test]
+fn key_shared_lookahead_is_bounded() {
+    // One key, its owner without permits... but another consumer with
+    // permits keeps reads going: at most `key_shared_lookahead_max` wait.
+    let keys: Vec<String> = (0..500).map(|i| format!("key-{i}")).collect();
+    let owners = owner_by_key(&[(1, "a"), (2, "b")], &keys);
+    let a_key = keys
+        .iter()
+        .find(|k| owners[*k] == 1)
+        .unwrap_or_else(|| panic!("no key for a"));
+    let limits = DispatchLimits {
+        key_shared_lookahead_max: 5,
+        read_entries_max: 2,
+        ..DispatchLimits::default()
+    };
+    let mut sim = key_shared_sim(limits, 50, &[a_key.as_str()]);
+    add_key_shared(&mut sim, 1, "a", None);
+    add_key_shared(&mut sim, 2, "b", None);
+    sim.flow(2, 100);
+    assert_eq!(sim.pump(), vec![]);
+    let s = sim.d.stats();
+    assert!(
+        (5..=6).contains(&s.replay_entries),
+        "waiting {}",
+        s.replay_entries
+    );
+    assert!(sim.read_after < 10, "read on to {}", sim.read_after);
 }

@@ -9,10 +9,22 @@
 //! was not acknowledged. A rollover creates the next ledger and stores it in
 //! the list before any write to it (appends wait for that one create and CAS
 //! only); the previous ledger is closed once its own adds completed.
+//!
+//! A ledger write failure other than fencing (not enough bookies, a failed
+//! ensemble change, timeouts) is handled by the completion task
+//! (`Shared::recover_and_resend`): it stops submissions (takes the writer
+//! lock), recovery-opens the failed ledger (bounded retries), completes the
+//! pending appends recovery found stored, closes the ledger in the list and
+//! resends the rest, in order, on a new ledger stored in the list before its
+//! first write ([`crate::managed_ledger::plan_resend`] decides). Appends it
+//! cannot place within the retry window fail with [`MlError::Unavailable`]
+//! (retryable: the handle stays usable; the next append creates a ledger);
+//! only a fenced ledger, a version conflict on the list, or a ledger that
+//! cannot be recovered within the window make the handle terminal.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use cms_bookie::client::driver::{LedgerClient, LedgerError, PendingAdd, ReadHandle, WriteHandle};
@@ -29,8 +41,8 @@ use crate::managed_ledger::metrics::add;
 use crate::managed_ledger::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
     LedgerList, LedgerListError, MlMetrics, Position, PublishTimeSearch, RetentionPolicy,
-    RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep, deletable_ledgers,
-    proto, ttl, ttl_cutoff_ms,
+    RetryPolicy, RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep,
+    deletable_ledgers, plan_resend, proto, ttl, ttl_cutoff_ms,
 };
 
 /// Settings of one managed ledger (broker defaults, overridable per namespace).
@@ -69,6 +81,10 @@ pub struct ManagedLedgerConfig {
     pub read_ahead_entries: usize,
     /// Payload bytes one cursor keeps read ahead, at most.
     pub read_ahead_bytes_max: usize,
+    /// Retries after a ledger write failure (recovering the failed ledger,
+    /// creating the next one): backoff and the window after which pending
+    /// appends fail with [`MlError::Unavailable`].
+    pub ledger_failure_retry: RetryPolicy,
 }
 
 impl Default for ManagedLedgerConfig {
@@ -88,6 +104,7 @@ impl Default for ManagedLedgerConfig {
             metrics: MlMetrics::default(),
             read_ahead_entries: 100,
             read_ahead_bytes_max: 4 << 20,
+            ledger_failure_retry: RetryPolicy::default(),
         }
     }
 }
@@ -134,6 +151,20 @@ pub enum MlError {
     /// The publish-time search was fed wrongly (a driver bug).
     #[error(transparent)]
     Search(SearchError),
+    /// The bookies cannot take the append now (a ledger failed and no new
+    /// one could be created and written within the retry window). Not
+    /// terminal: the append was not stored; send it again.
+    #[error("storage unavailable, retry: {0}")]
+    Unavailable(String),
+    /// The payload is above what one ledger entry holds; only this append
+    /// is refused.
+    #[error("entry of {bytes} bytes above the {max}-byte entry bound")]
+    EntryTooLarge {
+        /// The payload's size.
+        bytes: usize,
+        /// The bound ([`LedgerClient::entry_payload_bytes_max`]).
+        max: usize,
+    },
 }
 
 /// Reads an entry's publish time (ms since the Unix epoch) from its bytes;
@@ -224,7 +255,11 @@ impl Core {
 }
 
 struct WriterState {
+    /// The current ledger's writer; `None` after a failure left no ledger
+    /// (the next append creates one) and after `close`.
     handle: Option<WriteHandle>,
+    /// `close` was called: appends are refused.
+    closing: bool,
     ledger_id: u64,
     ctime_ms: u64,
     entries: u64,
@@ -232,23 +267,42 @@ struct WriterState {
     tx: mpsc::Sender<Completion>,
 }
 
+/// An append submitted to a ledger, waiting for its completion.
+struct AddItem {
+    /// The ledger it was submitted to.
+    ledger_id: u64,
+    /// The entry id it gets there (adds to one writer are numbered in
+    /// submission order).
+    entry_id: i64,
+    payload: Bytes,
+    reply: oneshot::Sender<Result<Position, MlError>>,
+    submitted: Instant,
+}
+
 enum Completion {
-    Add {
-        ledger_id: u64,
-        pending: PendingAdd,
-        payload: Bytes,
-        reply: oneshot::Sender<Result<Position, MlError>>,
-        submitted: std::time::Instant,
-    },
+    /// An append; `None`: the writer refused it at submission (its task is
+    /// gone), handled as a failure of that ledger.
+    Add(AddItem, Option<PendingAdd>),
+    /// `new_ledger_id` becomes current once every earlier append completed;
+    /// `old` (if any) is closed first.
     Roll {
-        old: WriteHandle,
+        old: Option<WriteHandle>,
         new_ledger_id: u64,
         new_ctime_ms: u64,
     },
+    /// Close `handle` (if any) and store the list.
     Close {
-        handle: WriteHandle,
+        handle: Option<WriteHandle>,
         reply: oneshot::Sender<Result<(), MlError>>,
     },
+}
+
+/// How `Shared::complete_add` ended.
+enum AddOutcome {
+    /// Completed (stored or failed for good).
+    Done(AddItem, Result<Position, MlError>),
+    /// Its ledger failed (not fenced): recover and resend.
+    LedgerFailed(AddItem, LedgerError),
 }
 
 pub(super) struct Shared {
@@ -502,32 +556,41 @@ impl Shared {
     }
 
     async fn completion_task(weak: Weak<Shared>, mut rx: mpsc::Receiver<Completion>) {
-        while let Some(item) = rx.recv().await {
+        // Completions taken off the channel by a failure's resend (resent
+        // appends, or ones that continue as submitted), served first.
+        let mut backlog: VecDeque<Completion> = VecDeque::new();
+        // When the current run of ledger failures started (reset by an
+        // append that completes, and when appends were failed for good).
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            let item = match backlog.pop_front() {
+                Some(item) => item,
+                None => match rx.recv().await {
+                    Some(item) => item,
+                    None => return,
+                },
+            };
             let Some(shared) = weak.upgrade() else {
                 return;
             };
             match item {
-                Completion::Add {
-                    ledger_id,
-                    pending,
-                    payload,
-                    reply,
-                    submitted,
-                } => {
-                    let len = u64::try_from(payload.len()).unwrap_or(u64::MAX);
-                    let r = shared.complete_add(ledger_id, pending, payload).await;
-                    let m = &shared.config.metrics;
-                    if r.is_ok() {
-                        add(&m.appends, 1);
-                        add(&m.append_bytes, len);
-                        m.append_latency.record_us(
-                            u64::try_from(submitted.elapsed().as_micros()).unwrap_or(u64::MAX),
-                        );
-                    } else {
-                        add(&m.append_failures, 1);
+                Completion::Add(item, pending) => match shared.complete_add(item, pending).await {
+                    AddOutcome::Done(item, r) => {
+                        if r.is_ok() {
+                            failing_since = None;
+                        }
+                        shared.reply_add(item, r);
                     }
-                    let _ = reply.send(r);
-                }
+                    AddOutcome::LedgerFailed(item, e) => {
+                        let since = *failing_since.get_or_insert_with(Instant::now);
+                        let gave_up = shared
+                            .recover_and_resend(item, e, since, &mut rx, &mut backlog)
+                            .await;
+                        if gave_up {
+                            failing_since = None;
+                        }
+                    }
+                },
                 Completion::Roll {
                     old,
                     new_ledger_id,
@@ -540,25 +603,65 @@ impl Shared {
         }
     }
 
-    async fn complete_add(
-        &self,
-        ledger_id: u64,
-        pending: PendingAdd,
-        payload: Bytes,
-    ) -> Result<Position, MlError> {
-        let r = pending.await;
-        if let Some(t) = self.terminal() {
-            return Err(t);
+    /// Counts and answers a completed append.
+    fn reply_add(&self, item: AddItem, r: Result<Position, MlError>) {
+        let m = &self.config.metrics;
+        if r.is_ok() {
+            add(&m.appends, 1);
+            add(
+                &m.append_bytes,
+                u64::try_from(item.payload.len()).unwrap_or(u64::MAX),
+            );
+            m.append_latency
+                .record_us(u64::try_from(item.submitted.elapsed().as_micros()).unwrap_or(u64::MAX));
+        } else {
+            add(&m.append_failures, 1);
         }
-        let entry_id = match r {
-            Ok(id) => id,
-            Err(e) if is_fenced(&e) => return Err(self.fenced()),
-            Err(e) => return Err(self.set_terminal(MlError::Ledger(e))),
+        let _ = item.reply.send(r);
+    }
+
+    async fn complete_add(&self, item: AddItem, pending: Option<PendingAdd>) -> AddOutcome {
+        let r = match pending {
+            Some(p) => p.await,
+            None => Err(LedgerError::HandleClosed),
         };
-        let size = u64::try_from(payload.len()).unwrap_or(u64::MAX);
+        if let Some(t) = self.terminal() {
+            return AddOutcome::Done(item, Err(t));
+        }
+        match r {
+            Ok(entry_id) if entry_id == item.entry_id => {
+                let r = self.confirm(&item);
+                AddOutcome::Done(item, r)
+            }
+            Ok(entry_id) => {
+                // The resend logic relies on this numbering.
+                let e = self.set_terminal(MlError::Corrupt {
+                    path: format!("ledger {}", item.ledger_id),
+                    reason: format!(
+                        "append stored as entry {entry_id}, expected entry {}",
+                        item.entry_id
+                    ),
+                });
+                AddOutcome::Done(item, Err(e))
+            }
+            Err(e) if is_fenced(&e) => AddOutcome::Done(item, Err(self.fenced())),
+            // Refused without failing the writer: later adds took the entry
+            // ids this numbering gave to it, so nothing can be resent safely
+            // (the size bound is checked before submission; this is a bug).
+            Err(
+                e @ LedgerError::Add(AddError::TooLarge { .. } | AddError::Backpressure { .. }),
+            ) => AddOutcome::Done(item, Err(self.set_terminal(MlError::Ledger(e)))),
+            Err(e) => AddOutcome::LedgerFailed(item, e),
+        }
+    }
+
+    /// Records a stored append in the list (in order), caches it and wakes
+    /// tailing readers.
+    fn confirm(&self, item: &AddItem) -> Result<Position, MlError> {
+        let size = u64::try_from(item.payload.len()).unwrap_or(u64::MAX);
         let pos = {
             let mut c = self.core();
-            match c.list.record_add(ledger_id, entry_id, size) {
+            match c.list.record_add(item.ledger_id, item.entry_id, size) {
                 Ok(p) => p,
                 Err(e) => {
                     drop(c);
@@ -566,40 +669,369 @@ impl Shared {
                 }
             }
         };
-        self.cache.insert(self.cache_id, pos, payload);
+        self.cache.insert(self.cache_id, pos, item.payload.clone());
         self.confirmed.send_replace(pos);
         Ok(pos)
     }
 
-    async fn complete_roll(&self, old: WriteHandle, new_ledger_id: u64, new_ctime_ms: u64) {
+    /// Sleeps before retry `attempt` of a failure that started at `since`;
+    /// false once the retry window is over.
+    async fn backoff(&self, attempt: u32, since: Instant) -> bool {
+        let elapsed = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match self
+            .config
+            .ledger_failure_retry
+            .next_delay_ms(attempt, elapsed)
+        {
+            Some(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Recovery-opens (fences and closes) ledger `id` of this owner after
+    /// its writer failed, retrying within the window; returns its last entry
+    /// id. Fenced, or not recovered within the window: terminal.
+    async fn recover_ledger(&self, id: u64, since: Instant) -> Result<i64, MlError> {
+        let mut attempt = 0;
+        loop {
+            if let Some(t) = self.terminal() {
+                return Err(t);
+            }
+            let e = match self.client.open_ledger(id, true).await {
+                Ok(h) => {
+                    let last = h.metadata().last_entry_id;
+                    lock(&self.readers).insert(id, h);
+                    return Ok(last);
+                }
+                Err(e) if is_fenced(&e) => return Err(self.fenced()),
+                Err(e) => e,
+            };
+            warn!(managed_ledger = %self.name, ledger = id, attempt, error = %e, "recovering a failed ledger failed");
+            if !self.backoff(attempt, since).await {
+                return Err(self.set_terminal(MlError::Ledger(e)));
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Closes ledger `id` in the in-memory list with the counts confirmed
+    /// for it, after recovery reported `last_entry` for it.
+    fn record_recovered_close(&self, id: u64, last_entry: i64) -> Result<(), MlError> {
+        let mut c = self.core();
+        let (entries, size) = c
+            .list
+            .ledger(id)
+            .map_or((0, 0), |l| (l.entries, l.size_bytes));
+        if u64::try_from(last_entry.saturating_add(1)).ok() != Some(entries) {
+            drop(c);
+            return Err(self.set_terminal(MlError::Corrupt {
+                path: format!("ledger {id}"),
+                reason: format!(
+                    "recovered with last entry {last_entry}, but {entries} entries were confirmed"
+                ),
+            }));
+        }
+        if let Err(e) = c.list.record_closed(id, entries, size, now_ms()) {
+            drop(c);
+            return Err(self.set_terminal(MlError::List(e)));
+        }
+        Ok(())
+    }
+
+    /// Handles a non-fenced failure of the ledger `first` was submitted to
+    /// (see the module doc). `since`: when this run of failures started.
+    /// Returns true if appends were failed for good (the window is over).
+    async fn recover_and_resend(
+        &self,
+        first: AddItem,
+        error: LedgerError,
+        since: Instant,
+        rx: &mut mpsc::Receiver<Completion>,
+        backlog: &mut VecDeque<Completion>,
+    ) -> bool {
+        let failed = first.ledger_id;
+        warn!(managed_ledger = %self.name, ledger = failed, error = %error, "ledger write failed; recovering it and resending what it lacks");
+        add(&self.config.metrics.ledger_write_failures, 1);
+        // Stop submissions: take the writer lock, taking completions off the
+        // channel meanwhile (a submitter holding the lock may be waiting for
+        // room in it). Once held, the channel gets nothing new.
+        let mut items: Vec<Completion> = vec![Completion::Add(first, None)];
+        items.extend(backlog.drain(..));
+        let mut w = {
+            let lock = self.writer.lock();
+            tokio::pin!(lock);
+            loop {
+                tokio::select! {
+                    g = &mut lock => break g,
+                    item = rx.recv() => match item {
+                        Some(item) => items.push(item),
+                        None => break (&mut lock).await,
+                    },
+                }
+            }
+        };
+        while let Ok(item) = rx.try_recv() {
+            items.push(item);
+        }
+
+        let plan = match self.recover_ledger(failed, since).await {
+            Ok(last) => {
+                let confirmed = self
+                    .core()
+                    .list
+                    .ledger(failed)
+                    .and_then(|l| l.last_entry())
+                    .map_or(-1, |p| p.entry_id);
+                let pending: Vec<Position> = items
+                    .iter()
+                    .filter_map(|i| match i {
+                        Completion::Add(a, _) => Some(Position::new(a.ledger_id, a.entry_id)),
+                        _ => None,
+                    })
+                    .collect();
+                plan_resend(&pending, failed, confirmed, last).map_err(|e| {
+                    self.set_terminal(MlError::Corrupt {
+                        path: format!("ledger {failed}"),
+                        reason: e.to_string(),
+                    })
+                })
+            }
+            Err(e) => Err(e),
+        };
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                fail_all(items, &e, self);
+                w.handle = None;
+                return false;
+            }
+        };
+
+        // Complete what the failed ledger holds; sort the rest.
+        let mut durable_left = plan.durable;
+        let mut resend: Vec<AddItem> = Vec::new();
+        let mut keep: VecDeque<Completion> = VecDeque::new();
+        let mut close_reply = None;
+        for item in items {
+            match item {
+                Completion::Add(a, p) => {
+                    if durable_left > 0 {
+                        durable_left -= 1;
+                        let r = self.confirm(&a);
+                        self.reply_add(a, r);
+                    } else if plan.resend > 0 {
+                        resend.push(a);
+                    } else {
+                        keep.push_back(Completion::Add(a, p));
+                    }
+                }
+                // With a resend, ledgers after the failed one are abandoned.
+                Completion::Roll { .. } if plan.resend > 0 => {}
+                Completion::Close { reply, .. } if plan.resend > 0 => close_reply = Some(reply),
+                other => keep.push_back(other),
+            }
+        }
+        let closed = {
+            let last = self
+                .core()
+                .list
+                .ledger(failed)
+                .and_then(|l| l.last_entry())
+                .map_or(-1, |p| p.entry_id);
+            self.record_recovered_close(failed, last)
+        };
+        if let Err(e) = closed {
+            let rest = resend
+                .into_iter()
+                .map(|a| Completion::Add(a, None))
+                .chain(keep)
+                .chain(close_reply.map(|reply| Completion::Close {
+                    handle: None,
+                    reply,
+                }));
+            fail_all(rest.collect(), &e, self);
+            w.handle = None;
+            return false;
+        }
+        info!(managed_ledger = %self.name, ledger = failed, durable = plan.durable, resend = plan.resend, "failed ledger recovered and closed");
+
+        if plan.resend == 0 {
+            // The appends of later ledgers continue as submitted; a failed
+            // current ledger is replaced by the next append.
+            if w.ledger_id == failed {
+                w.handle = None;
+            }
+            drop(w);
+            *backlog = keep;
+            if let Err(e) = self.persist_list().await {
+                warn!(managed_ledger = %self.name, error = %e, "storing the list after closing a failed ledger failed");
+            }
+            return false;
+        }
+
+        // Abandon every ledger created after the failed one (none has a
+        // confirmed entry), then place the rest on a new ledger.
+        let abandoned: Vec<u64> = {
+            let mut c = self.core();
+            c.pending_ledgers.drain(..).map(|(id, _)| id).collect()
+        };
+        w.handle = None;
+        let mut attempt = 0;
+        let created = loop {
+            if let Some(t) = self.terminal() {
+                break Err(t);
+            }
+            match self.create_and_store().await {
+                Ok(h) => break Ok(h),
+                Err(e @ MlError::Fenced(_)) => break Err(e),
+                Err(e) => {
+                    warn!(managed_ledger = %self.name, attempt, error = %e, "creating a ledger for the resend failed");
+                    if !self.backoff(attempt, since).await {
+                        break Err(MlError::Unavailable(format!(
+                            "no ledger could be created within {} ms: {e}",
+                            self.config.ledger_failure_retry.window_ms
+                        )));
+                    }
+                    attempt += 1;
+                }
+            }
+        };
+        let (handle, ctime) = match created {
+            Ok(x) => x,
+            Err(e) => {
+                let gave_up = matches!(e, MlError::Unavailable(_));
+                if gave_up {
+                    warn!(managed_ledger = %self.name, appends = resend.len(), error = %e, "failing the appends that could not be resent");
+                    // The list without the abandoned ledgers, the failed one closed.
+                    if self.persist_list().await.is_ok() {
+                        for id in &abandoned {
+                            delete_ledger_quietly(&self.client, *id).await;
+                        }
+                    }
+                }
+                let rest =
+                    resend
+                        .into_iter()
+                        .map(|a| Completion::Add(a, None))
+                        .chain(close_reply.map(|reply| Completion::Close {
+                            handle: None,
+                            reply,
+                        }));
+                fail_all(rest.collect(), &e, self);
+                return gave_up;
+            }
+        };
+        // The abandoned ledgers are out of the stored list now.
+        for id in &abandoned {
+            lock(&self.readers).remove(id);
+            delete_ledger_quietly(&self.client, *id).await;
+        }
+        let new_id = handle.ledger_id();
+        {
+            let mut c = self.core();
+            c.pending_ledgers.retain(|(id, _)| *id != new_id);
+            if let Err(e) = c.list.add_ledger(new_id, ctime) {
+                drop(c);
+                let e = self.set_terminal(MlError::List(e));
+                let rest = resend.into_iter().map(|a| Completion::Add(a, None));
+                fail_all(rest.collect(), &e, self);
+                return false;
+            }
+        }
+        let count = resend.len();
+        let mut size = 0u64;
+        for (k, a) in resend.into_iter().enumerate() {
+            size = size.saturating_add(u64::try_from(a.payload.len()).unwrap_or(u64::MAX));
+            let pending = match handle.add_pipelined(a.payload.clone()).await {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    warn!(managed_ledger = %self.name, ledger = new_id, error = %e, "resend refused");
+                    None
+                }
+            };
+            let a = AddItem {
+                ledger_id: new_id,
+                entry_id: i64::try_from(k).unwrap_or(i64::MAX),
+                ..a
+            };
+            backlog.push_back(Completion::Add(a, pending));
+        }
+        add(
+            &self.config.metrics.appends_resent,
+            u64::try_from(count).unwrap_or(u64::MAX),
+        );
+        info!(managed_ledger = %self.name, failed, ledger = new_id, appends = count, abandoned = ?abandoned, "appends resent on a new ledger");
+        w.ledger_id = new_id;
+        w.ctime_ms = ctime;
+        w.entries = u64::try_from(count).unwrap_or(u64::MAX);
+        w.size_bytes = size;
+        match close_reply {
+            Some(reply) => backlog.push_back(Completion::Close {
+                handle: Some(handle),
+                reply,
+            }),
+            None => w.handle = Some(handle),
+        }
+        false
+    }
+
+    /// Creates a ledger and stores it in the list (as pending) before any
+    /// write; on failure nothing of it remains.
+    async fn create_and_store(&self) -> Result<(WriteHandle, u64), MlError> {
+        let handle = self.create_ledger().await?;
+        let ctime = now_ms();
+        let id = handle.ledger_id();
+        self.core().pending_ledgers.push_back((id, ctime));
+        if let Err(e) = self.persist_list().await {
+            self.core().pending_ledgers.retain(|(x, _)| *x != id);
+            delete_ledger_quietly(&self.client, id).await;
+            return Err(e);
+        }
+        Ok((handle, ctime))
+    }
+
+    /// Closes ledger `handle` after its adds completed (nothing to do if a
+    /// failure's recovery closed it already) and records the close in the
+    /// in-memory list; a non-fenced close failure is resolved by recovery.
+    async fn close_ledger(&self, handle: &WriteHandle) -> Result<(), MlError> {
+        let id = handle.ledger_id();
+        let already = self
+            .core()
+            .list
+            .ledger(id)
+            .is_some_and(|l| l.closed_ms.is_some());
+        if already {
+            // Recovered after a failure.
+            return Ok(());
+        }
+        let last = match handle.close().await {
+            Ok(last) => last,
+            Err(e) if is_fenced(&e) => return Err(self.fenced()),
+            Err(e) => {
+                warn!(managed_ledger = %self.name, ledger = id, error = %e, "closing a ledger failed; recovering it");
+                self.recover_ledger(id, Instant::now()).await?
+            }
+        };
+        self.record_recovered_close(id, last)
+    }
+
+    async fn complete_roll(&self, old: Option<WriteHandle>, new_ledger_id: u64, new_ctime_ms: u64) {
         if self.terminal().is_some() {
             return;
         }
-        let old_id = old.ledger_id();
-        match old.close().await {
-            Ok(_) => {}
-            Err(e) if is_fenced(&e) => {
-                self.fenced();
-                return;
-            }
-            Err(e) => {
-                self.set_terminal(MlError::Ledger(e));
-                return;
-            }
+        let old_id = old.as_ref().map(WriteHandle::ledger_id);
+        if let Some(old) = old
+            && self.close_ledger(&old).await.is_err()
+        {
+            return;
         }
         let r = {
             let mut c = self.core();
-            let (entries, size) = c
-                .list
-                .ledger(old_id)
-                .map_or((0, 0), |l| (l.entries, l.size_bytes));
-            let r = c
-                .list
-                .record_closed(old_id, entries, size, now_ms())
-                .and_then(|()| {
-                    c.pending_ledgers.pop_front();
-                    c.list.add_ledger(new_ledger_id, new_ctime_ms)
-                });
+            c.pending_ledgers.retain(|(id, _)| *id != new_ledger_id);
+            let r = c.list.add_ledger(new_ledger_id, new_ctime_ms);
             let last = c.list.last_confirmed_position();
             drop(c);
             self.confirmed.send_replace(last);
@@ -609,35 +1041,33 @@ impl Shared {
             self.set_terminal(MlError::List(e));
             return;
         }
-        info!(managed_ledger = %self.name, ledger = old_id, next = new_ledger_id, "ledger rolled over");
+        info!(managed_ledger = %self.name, ledger = ?old_id, next = new_ledger_id, "ledger rolled over");
         if let Err(e) = self.persist_list().await {
             warn!(managed_ledger = %self.name, error = %e, "storing the list after a rollover failed");
         }
     }
 
-    async fn complete_close(&self, handle: WriteHandle) -> Result<(), MlError> {
+    async fn complete_close(&self, handle: Option<WriteHandle>) -> Result<(), MlError> {
         if let Some(t) = self.terminal() {
             return Err(t);
         }
-        let id = handle.ledger_id();
-        handle.close().await.map_err(|e| {
-            if is_fenced(&e) {
-                self.fenced()
-            } else {
-                MlError::Ledger(e)
-            }
-        })?;
-        {
-            let mut c = self.core();
-            let (entries, size) = c
-                .list
-                .ledger(id)
-                .map_or((0, 0), |l| (l.entries, l.size_bytes));
-            c.list
-                .record_closed(id, entries, size, now_ms())
-                .map_err(MlError::List)?;
+        if let Some(handle) = handle {
+            self.close_ledger(&handle).await?;
         }
         self.persist_list().await
+    }
+}
+
+/// Fails every append (and close) of `items` with `e`.
+fn fail_all(items: Vec<Completion>, e: &MlError, shared: &Shared) {
+    for item in items {
+        match item {
+            Completion::Add(a, _) => shared.reply_add(a, Err(e.clone())),
+            Completion::Close { reply, .. } => {
+                let _ = reply.send(Err(e.clone()));
+            }
+            Completion::Roll { .. } => {}
+        }
     }
 }
 
@@ -712,6 +1142,7 @@ impl ManagedLedger {
             meta_lock: tokio::sync::Mutex::new(()),
             writer: tokio::sync::Mutex::new(WriterState {
                 handle: None,
+                closing: false,
                 ledger_id: 0,
                 ctime_ms: 0,
                 entries: 0,
@@ -785,46 +1216,66 @@ impl ManagedLedger {
 
     /// Submits an append; returns once it has its place (entry order =
     /// order of these calls). Rolls the current ledger first when the policy
-    /// says so (waiting for one ledger create and list store).
+    /// says so (waiting for one ledger create and list store), and creates
+    /// one if a failure left none. A payload above the entry bound is
+    /// refused with [`MlError::EntryTooLarge`] (only this append).
     pub async fn append_pipelined(
         &self,
         payload: impl Into<Bytes>,
     ) -> Result<PendingAppend, MlError> {
         let payload = payload.into();
         let s = &self.shared;
+        let max = s.client.entry_payload_bytes_max();
+        if payload.len() > max {
+            return Err(MlError::EntryTooLarge {
+                bytes: payload.len(),
+                max,
+            });
+        }
         let mut w = s.writer.lock().await;
         if let Some(t) = s.terminal() {
             return Err(t);
         }
-        let decision = s
-            .config
-            .rollover
-            .decide(w.entries, w.size_bytes, w.ctime_ms, now_ms());
-        if let RolloverDecision::Roll(reason) = decision {
-            info!(managed_ledger = %s.name, ledger = w.ledger_id, ?reason, "rolling over");
-            self.roll(&mut w).await?;
+        if w.closing {
+            return Err(MlError::Closed(s.name.clone()));
+        }
+        if w.handle.is_none() {
+            self.start_ledger(&mut w).await?;
+        } else {
+            let decision = s
+                .config
+                .rollover
+                .decide(w.entries, w.size_bytes, w.ctime_ms, now_ms());
+            if let RolloverDecision::Roll(reason) = decision {
+                info!(managed_ledger = %s.name, ledger = w.ledger_id, ?reason, "rolling over");
+                self.roll(&mut w).await?;
+            }
         }
         let Some(handle) = w.handle.clone() else {
             return Err(s.terminal().unwrap_or(MlError::Closed(s.name.clone())));
         };
         let pending = match handle.add_pipelined(payload.clone()).await {
-            Ok(p) => p,
+            Ok(p) => Some(p),
             Err(e) if is_fenced(&e) => return Err(s.fenced()),
-            Err(e) => return Err(s.set_terminal(MlError::Ledger(e))),
+            // Resolved as a failure of this ledger, in order.
+            Err(e) => {
+                warn!(managed_ledger = %s.name, ledger = w.ledger_id, error = %e, "add refused at submission");
+                None
+            }
+        };
+        let (reply, rx) = oneshot::channel();
+        let item = AddItem {
+            ledger_id: w.ledger_id,
+            entry_id: i64::try_from(w.entries).unwrap_or(i64::MAX),
+            payload,
+            reply,
+            submitted: Instant::now(),
         };
         w.entries += 1;
         w.size_bytes = w
             .size_bytes
-            .saturating_add(u64::try_from(payload.len()).unwrap_or(u64::MAX));
-        let (reply, rx) = oneshot::channel();
-        let item = Completion::Add {
-            ledger_id: w.ledger_id,
-            pending,
-            payload,
-            reply,
-            submitted: std::time::Instant::now(),
-        };
-        if w.tx.send(item).await.is_err() {
+            .saturating_add(u64::try_from(item.payload.len()).unwrap_or(u64::MAX));
+        if w.tx.send(Completion::Add(item, pending)).await.is_err() {
             return Err(MlError::Closed(s.name.clone()));
         }
         Ok(PendingAppend {
@@ -840,30 +1291,16 @@ impl ManagedLedger {
 
     async fn roll(&self, w: &mut WriterState) -> Result<(), MlError> {
         let s = &self.shared;
-        let new = match s.create_ledger().await {
-            Ok(h) => h,
+        let (new, ctime) = match s.create_and_store().await {
+            Ok(x) => x,
+            Err(e @ MlError::Fenced(_)) => return Err(e),
             Err(e) => {
                 // Keep appending to the current ledger; retried on the next append.
-                warn!(managed_ledger = %s.name, error = %e, "rollover: ledger create failed");
+                warn!(managed_ledger = %s.name, error = %e, "rollover: creating and storing a ledger failed");
                 return Ok(());
             }
         };
-        let ctime = now_ms();
         let new_ledger_id = new.ledger_id();
-        s.core().pending_ledgers.push_back((new_ledger_id, ctime));
-        if let Err(e) = s.persist_list().await {
-            s.core()
-                .pending_ledgers
-                .retain(|(id, _)| *id != new.ledger_id());
-            let _ = s.client.delete_ledger(new.ledger_id()).await;
-            return match e {
-                MlError::Fenced(_) => Err(e),
-                other => {
-                    warn!(managed_ledger = %s.name, error = %other, "rollover: storing the list failed");
-                    Ok(())
-                }
-            };
-        }
         let Some(old) = w.handle.replace(new) else {
             return Err(MlError::Closed(s.name.clone()));
         };
@@ -873,8 +1310,36 @@ impl ManagedLedger {
         w.size_bytes = 0;
         add(&s.config.metrics.rollovers, 1);
         w.tx.send(Completion::Roll {
-            old,
-            new_ledger_id: w.ledger_id,
+            old: Some(old),
+            new_ledger_id,
+            new_ctime_ms: ctime,
+        })
+        .await
+        .map_err(|_| MlError::Closed(s.name.clone()))
+    }
+
+    /// Creates the current ledger when a failure left none; a failure to
+    /// create it is [`MlError::Unavailable`] (not terminal).
+    async fn start_ledger(&self, w: &mut WriterState) -> Result<(), MlError> {
+        let s = &self.shared;
+        let (new, ctime) = match s.create_and_store().await {
+            Ok(x) => x,
+            Err(e @ MlError::Fenced(_)) => return Err(e),
+            Err(e) => {
+                warn!(managed_ledger = %s.name, error = %e, "creating a ledger failed");
+                return Err(MlError::Unavailable(format!("creating a ledger: {e}")));
+            }
+        };
+        let new_ledger_id = new.ledger_id();
+        w.handle = Some(new);
+        w.ledger_id = new_ledger_id;
+        w.ctime_ms = ctime;
+        w.entries = 0;
+        w.size_bytes = 0;
+        info!(managed_ledger = %s.name, ledger = new_ledger_id, "new current ledger after a failure");
+        w.tx.send(Completion::Roll {
+            old: None,
+            new_ledger_id,
             new_ctime_ms: ctime,
         })
         .await
@@ -1137,11 +1602,17 @@ impl ManagedLedger {
             cursor_io::close(s, &n).await?;
         }
         let mut w = s.writer.lock().await;
-        if let Some(handle) = w.handle.take() {
+        let first_close = !w.closing;
+        w.closing = true;
+        let handle = w.handle.take();
+        if handle.is_some() || (first_close && s.terminal().is_none()) {
             let (reply, rx) = oneshot::channel();
             w.tx.send(Completion::Close { handle, reply })
                 .await
                 .map_err(|_| MlError::Closed(s.name.clone()))?;
+            // The completion task may need the writer lock (a failure's
+            // resend) before it gets to the close.
+            drop(w);
             rx.await.unwrap_or(Err(MlError::Closed(s.name.clone())))?;
         }
         s.set_terminal(MlError::Closed(s.name.clone()));

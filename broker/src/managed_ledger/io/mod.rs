@@ -8,8 +8,16 @@
 //!   before its first write; a `Fenced` ledger error or a version conflict on
 //!   the list makes the managed ledger terminal: every pending and later
 //!   append fails with [`MlError::Fenced`];
-//! - invariant 1: appends complete in submission order across rollovers, each
-//!   with its position;
+//! - invariant 1: appends complete in submission order across rollovers and
+//!   across close-and-resend, each with its position;
+//! - close-and-resend: any other ledger write error recovery-opens the failed
+//!   ledger, completes the pending appends it holds, and resends the rest in
+//!   order on a new ledger (stored in the list first; ledgers of a rollover
+//!   in flight are abandoned, so nothing is stored twice). Retries back off
+//!   within `ledger_failure_retry.window_ms`; appends not placed by then fail
+//!   with [`MlError::Unavailable`] and are not stored (the handle stays
+//!   usable); a ledger not recovered by then is terminal (what it holds is
+//!   unknown: the next owner's open recovers it);
 //! - invariant 6: cursors are persisted as full snapshots in their own ledger
 //!   (at most once per `persist_interval_ms`, and on close) and restored from
 //!   its last entry, else from the cursor node; nothing unacknowledged is
@@ -22,10 +30,8 @@
 //! timer: the owner calls [`ManagedLedger::tick`] periodically (idle
 //! rollover, TTL expiry, due cursor snapshots, trimming).
 //!
-//! Not yet: a ledger write error other than `Fenced` makes the handle
-//! terminal (no close-and-resend on a new ledger; the broker reloads the
-//! topic). Catch-up reads bypass the shared cache and read ahead into a
-//! bounded per-cursor buffer.
+//! Catch-up reads bypass the shared cache and read ahead into a bounded
+//! per-cursor buffer.
 
 pub mod cache;
 mod cursor_io;
