@@ -1082,9 +1082,8 @@ async fn queues_are_shared_by_several_consumers_purged_and_deleted() {
     // A failed creation leaves nothing behind.
     assert!(a.get(q).await.as_array().unwrap().is_empty());
 
-    // A partitioned queue: its topic's partitions each get the subscription.
-    // (Served over the binary protocol once partitioned metadata is answered
-    // there; here only its admin side.)
+    // A partitioned queue: its topic's partitions each get the subscription,
+    // so messages published before any consumer are kept on every partition.
     a.ok("PUT", &format!("{q}/wide"), Some(r#"{"partitions":2}"#))
         .await;
     assert_eq!(
@@ -1101,6 +1100,51 @@ async fn queues_are_shared_by_several_consumers_purged_and_deleted() {
         ),
         vec!["queue"]
     );
+    let run = run_python(
+        "produce.py",
+        &[
+            "--url", &url, "--topic", "wide", "--count", "10", "--prefix", "w-",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let wide = a.get(&format!("{q}/wide/stats")).await;
+    assert_eq!(wide["msgBacklog"], 10, "{wide}");
+    let spread: Vec<u64> = wide["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["msgBacklog"].as_u64().unwrap())
+        .collect();
+    assert!(
+        spread.iter().all(|n| *n > 0),
+        "one partition got nothing: {wide}"
+    );
+    let run = run_python(
+        "consume.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            "wide",
+            "--sub",
+            "queue",
+            "--sub-type",
+            "Shared",
+            "--count",
+            "10",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "consume failed: {} / {}", run.json, run.stderr);
+    let mut got = strings(&run.json["received"]);
+    got.sort();
+    let mut want: Vec<String> = (0..10).map(|i| format!("w-{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(a.get(&format!("{q}/wide/stats")).await["msgBacklog"], 0);
     a.ok("DELETE", &format!("{q}/wide"), None).await;
     assert_eq!(
         a.get("/admin/v2/persistent/public/default/wide/partitions")
