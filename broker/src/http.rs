@@ -3,8 +3,8 @@
 //! `/metrics` (Prometheus text), and Pulsar's HTTP lookup
 //! `/lookup/v2/topic/{domain}/{tenant}/{ns}/{topic}` (200 with the owner's
 //! URLs when this broker owns the topic, 307 to the owner's lookup URL with
-//! `authoritative=true` otherwise, as Pulsar's `TopicLookupBase`). The admin
-//! API (`/admin/v2`) joins this router later.
+//! `authoritative=true` otherwise, as Pulsar's `TopicLookupBase`). The admin API
+//! (`/admin/v2`, see [`crate::admin`]) is merged in.
 //!
 //! Promise: every handler is bounded in time (the metadata probe has a
 //! deadline) and answers JSON (`{"reason": ...}` on errors) except
@@ -148,6 +148,13 @@ async fn not_found() -> Response {
     )
 }
 
+async fn method_not_allowed() -> Response {
+    json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        serde_json::json!({"reason": "method not allowed on this endpoint"}),
+    )
+}
+
 /// The HTTP router.
 pub fn router(state: Arc<BrokerState>) -> Router {
     Router::new()
@@ -158,6 +165,8 @@ pub fn router(state: Arc<BrokerState>) -> Router {
             "/lookup/v2/topic/{domain}/{tenant}/{ns}/{topic}",
             get(lookup),
         )
+        .merge(crate::admin::router(&state))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }

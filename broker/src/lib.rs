@@ -8,6 +8,7 @@
 //! - [`config`] — `cms-broker serve` / `standalone` options;
 //! - [`topic_name`], [`tenancy`] — names, tenants, namespaces, `init-cluster`;
 //! - [`partitioned`] — partitioned-topic metadata (partition counts);
+//! - [`policy_refresh`] — namespace policy changes applied to loaded topics;
 //! - [`topic_discovery`] — PARTITIONED_METADATA (with partitioned
 //!   auto-creation), GET_TOPICS_OF_NAMESPACE, which names clients may use;
 //! - [`dispatch`], [`subscription`] — dispatch state machines (pure) and
@@ -17,11 +18,15 @@
 //! - [`service`], [`connection`], [`consumers`], [`subscriptions`] — the
 //!   Pulsar protocol port: accept loop with connection limits, one task per
 //!   connection, consumer commands on the topic's subscriptions;
-//! - [`http`], [`metrics`] — `/health`, `/ready`, `/metrics`;
+//! - [`http`], [`metrics`], [`topic_metrics`] — `/health`, `/ready`,
+//!   `/metrics` (per-topic series with tenant / namespace / topic labels),
+//!   HTTP lookup;
 //! - [`ownership`] — namespace bundles, ownership nodes, lookup decisions,
 //!   load reports and placement;
+//! - [`admin`] — the admin REST API (`/admin/v2`);
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
+pub mod admin;
 pub mod config;
 pub mod connection;
 pub mod consumers;
@@ -31,6 +36,7 @@ pub mod managed_ledger;
 pub mod metrics;
 pub mod ownership;
 pub mod partitioned;
+pub mod policy_refresh;
 pub mod producers;
 pub mod service;
 pub mod standalone;
@@ -38,5 +44,6 @@ pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
 pub mod topic_discovery;
+pub mod topic_metrics;
 pub mod topic_name;
 pub mod topics;

@@ -3,8 +3,9 @@
 //! topics loaded, connections closed for bad input.
 //!
 //! Promise: every metric is registered once in the process registry at
-//! start; updating one never blocks or allocates per call. Per-topic labels
-//! come with the admin API (cardinality needs its bounds first).
+//! start; updating one never blocks or allocates per call. Per-topic series
+//! (labels tenant / namespace / topic) are in [`crate::topic_metrics`];
+//! admin requests are counted by [`crate::admin`].
 
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
 

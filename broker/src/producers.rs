@@ -117,6 +117,14 @@ impl Producers {
         self.connected.is_empty()
     }
 
+    /// Names and access modes of the connected producers, in key order.
+    pub fn connected(&self) -> Vec<(String, AccessMode)> {
+        self.connected
+            .values()
+            .map(|c| (c.name.clone(), c.mode))
+            .collect()
+    }
+
     /// Producers waiting for exclusivity.
     pub fn waiting_len(&self) -> usize {
         self.waiting.len()

@@ -270,6 +270,12 @@ pub async fn run(
         topics_loaded_max: config.topics_loaded_max,
         tick_interval_ms: config.topic_tick_interval_ms,
     });
+    registry
+        .register(Box::new(
+            crate::topic_metrics::TopicCollector::new(topics.clone())
+                .map_err(|e| BrokerError::Io(e.to_string()))?,
+        ))
+        .map_err(|e| BrokerError::Io(e.to_string()))?;
     let broker_id = reg_path.rsplit('/').next().unwrap_or_default().to_string();
     let ownership = Ownership::new(
         OwnershipConfig {
@@ -317,6 +323,13 @@ pub async fn run(
         serving: AtomicBool::new(false),
         shutdown: watch::channel(false).0,
     });
+
+    tokio::spawn(crate::policy_refresh::run(
+        topics.clone(),
+        store.clone(),
+        state.layout.clone(),
+        state.shutdown_signal(),
+    ));
 
     let mut stop_http = state.shutdown_signal();
     let router = crate::http::router(state.clone());

@@ -59,6 +59,22 @@ impl Subscriptions {
         Ok(s)
     }
 
+    /// The subscriptions open now, by name (admin stats).
+    pub async fn open_now(&self) -> Vec<Subscription> {
+        let mut v: Vec<Subscription> = self.subs.lock().await.values().cloned().collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        v
+    }
+
+    /// As [`Self::open_now`] without waiting: None while the set is busy
+    /// (metrics scrapes must not block).
+    pub fn try_open_now(&self) -> Option<Vec<Subscription>> {
+        let subs = self.subs.try_lock().ok()?;
+        let mut v: Vec<Subscription> = subs.values().cloned().collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        Some(v)
+    }
+
     /// Whether `name` is open now.
     pub async fn contains(&self, name: &str) -> bool {
         self.subs.lock().await.contains_key(name)

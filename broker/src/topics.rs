@@ -103,6 +103,9 @@ pub struct Topic {
     waiters: Mutex<HashMap<ProducerKey, oneshot::Sender<Grant>>>,
     /// The subscriptions of this topic.
     pub subscriptions: Subscriptions,
+    /// The namespace policies the topic was loaded with (see
+    /// [`crate::policy_refresh`]).
+    pub policies: crate::tenancy::NamespacePolicies,
     closing: watch::Sender<bool>,
 }
 
@@ -178,6 +181,11 @@ impl Topic {
     /// Connected producers.
     pub fn producer_count(&self) -> usize {
         lock(&self.producers).len()
+    }
+
+    /// Names and access modes of the connected producers (admin stats).
+    pub fn producers_connected(&self) -> Vec<(String, crate::producers::AccessMode)> {
+        lock(&self.producers).connected()
     }
 
     /// The current topic epoch.
@@ -345,16 +353,24 @@ impl Topics {
             ctx.store.clone(),
             &ctx.layout,
             &ml_name,
-            ctx.ml_config.clone(),
+            crate::tenancy::ml_config_for(&ctx.ml_config, &policies),
             ctx.cache.clone(),
         )
         .await?;
+        // TTL expiry (namespace policy, admin expireMessages) finds entry
+        // ages by the producer's publish time in the stored metadata.
+        ml.set_publish_time_fn(Arc::new(|entry: &[u8]| {
+            cms_client::proto::frame::parse_entry(entry)
+                .ok()
+                .map(|p| p.metadata.publish_time)
+        }));
         let topic = Arc::new(Topic {
             name: name.clone(),
             ml,
             producers: Mutex::new(Producers::new(ctx.producers_per_topic_max)),
             waiters: Mutex::new(HashMap::new()),
             subscriptions: Subscriptions::default(),
+            policies,
             closing: watch::channel(false).0,
         });
         ctx.metrics.topics_loaded.inc();

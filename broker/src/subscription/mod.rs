@@ -300,6 +300,27 @@ impl Subscription {
         Ok(())
     }
 
+    /// Moves the cursor to the first entry published at or after
+    /// `target_ms` (`publish_time_ms` reads an entry's publish time; the end
+    /// when none is), like [`Self::seek`]. Returns the position found.
+    pub async fn seek_publish_time(
+        &self,
+        target_ms: u64,
+        publish_time_ms: impl Fn(&[u8]) -> Option<u64>,
+    ) -> Result<Option<Position>, SubError> {
+        drop(self.state()?);
+        let _io = self.inner.io.lock().await;
+        let found = self
+            .inner
+            .cursor
+            .seek_publish_time(target_ms, publish_time_ms)
+            .await?;
+        lock(&self.inner.state).d.reset();
+        info!(topic = %self.inner.topic, subscription = %self.inner.name, target_ms, ?found, "subscription seeked by publish time");
+        self.inner.wake.notify_one();
+        Ok(found)
+    }
+
     /// Deletes the subscription (its cursor) and closes it. Refused while a
     /// consumer other than `requester` is attached.
     pub async fn unsubscribe(&self, requester: Option<ConsumerId>) -> Result<(), SubError> {

@@ -1,0 +1,47 @@
+"""Consumes a queue the way its admin settings say (GET /admin/v2/queues/...):
+Shared on the queue's subscription with a dead-letter policy of
+--max-redeliveries to --dlq; negatively acknowledges every delivery of
+--count messages until they reach the DLQ, then reads them from the DLQ.
+Prints {"dead": [payloads read from the DLQ], "deliveries": n}."""
+import pulsar
+
+import common
+
+p = common.parser(__doc__)
+p.add_argument("--sub", default="queue")
+p.add_argument("--dlq", required=True)
+p.add_argument("--max-redeliveries", type=int, required=True)
+p.add_argument("--count", type=int, default=2)
+args = p.parse_args()
+
+client = common.client(args)
+keep_open = []
+try:
+    dl = client.subscribe(args.dlq, "dlq-reader",
+                          initial_position=pulsar.InitialPosition.Earliest)
+    cons = client.subscribe(
+        args.topic, args.sub,
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+            max_redeliver_count=args.max_redeliveries, dead_letter_topic=args.dlq))
+    deliveries = 0
+    # Each message is delivered 1 + max_redeliveries times, then goes to the DLQ.
+    for _ in range(args.count * (args.max_redeliveries + 1)):
+        m = cons.receive(args.timeout_ms)
+        deliveries += 1
+        cons.negative_acknowledge(m)
+    dead = []
+    for _ in range(args.count):
+        d = dl.receive(args.timeout_ms)
+        dl.acknowledge(d)
+        dead.append(d.data().decode(errors="replace"))
+    # Not closed before client.close(): pulsar-client-cpp 4.2 acks the
+    # original message from the DLQ producer's send callback (see features.py).
+    keep_open.extend([cons, dl])
+    common.done({"dead": sorted(dead), "deliveries": deliveries})
+except Exception as e:  # noqa: BLE001
+    common.done({"error": f"{type(e).__name__}: {e}"}, ok=False)
+finally:
+    client.close()
