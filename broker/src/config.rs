@@ -118,6 +118,19 @@ pub struct BrokerConfig {
     /// Period of each topic's background work (cursor snapshots, trimming), in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub topic_tick_interval_ms: u64,
+    /// Producer de-duplication on topics whose namespace policy does not
+    /// say (Pulsar's `brokerDeduplicationEnabled`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub broker_deduplication_enabled: bool,
+    /// De-duplication snapshot after this many stored entries.
+    #[arg(long, default_value_t = 1000)]
+    pub dedup_snapshot_entries: u64,
+    /// De-duplication snapshot at least this often when anything was stored, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub dedup_snapshot_interval_s: u64,
+    /// Producer names whose sequence ids a topic remembers at most (least recently used forgotten).
+    #[arg(long, default_value_t = 10_000)]
+    pub dedup_producers_max: usize,
 
     /// Standalone only: directory of all data (metadata store, journal, ledgers).
     #[arg(long, default_value = "data/standalone")]
@@ -210,6 +223,7 @@ impl BrokerConfig {
             ),
             ("outbound_queue_max", self.outbound_queue_max),
             ("topics_loaded_max", self.topics_loaded_max),
+            ("dedup_producers_max", self.dedup_producers_max),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
@@ -223,6 +237,12 @@ impl BrokerConfig {
                 format!("must be within 1..={}", crate::partitioned::PARTITIONS_MAX),
             ));
         }
+        if self.dedup_snapshot_entries == 0 {
+            return Err(invalid("dedup_snapshot_entries", "must be at least 1"));
+        }
+        if self.dedup_snapshot_interval_s == 0 {
+            return Err(invalid("dedup_snapshot_interval_s", "must be at least 1"));
+        }
         if self.keep_alive_interval_s == 0 {
             return Err(invalid("keep_alive_interval_s", "must be at least 1"));
         }
@@ -233,6 +253,16 @@ impl BrokerConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Producer de-duplication settings of topics.
+    pub fn dedup_config(&self) -> crate::dedup::DedupConfig {
+        crate::dedup::DedupConfig {
+            enabled_default: self.broker_deduplication_enabled,
+            snapshot_entries: self.dedup_snapshot_entries,
+            snapshot_interval_ms: self.dedup_snapshot_interval_s.saturating_mul(1000),
+            producers_max: self.dedup_producers_max,
+        }
     }
 
     /// E/Qw/Qa with the mode's defaults filled in for zeros.

@@ -48,6 +48,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::consumers::Consumers;
+use crate::dedup::{Decision, effective_id};
 use crate::managed_ledger::io::MlError;
 use crate::managed_ledger::io::managed_ledger::PendingAppend;
 use crate::ownership::{LookupAnswer, OwnershipError};
@@ -171,6 +172,10 @@ struct SendItem {
 
 enum Pending {
     Append(SendItem, PendingAppend),
+    /// De-duplication: already durable, acknowledged without storing.
+    Duplicate(SendItem),
+    /// De-duplication: its original (this id) may be in flight.
+    WaitForOriginal(SendItem, i64),
     Refused(SendItem, ServerError, String),
     Failed(SendItem, String),
 }
@@ -806,7 +811,7 @@ impl Conn {
                 self.send(commands::producer_success(
                     c.request_id,
                     &g.name,
-                    -1,
+                    last_sequence_id(&topic, &g.name),
                     true,
                     g.topic_epoch,
                 ))
@@ -824,6 +829,7 @@ impl Conn {
                 let out = self.out.clone();
                 let ready = ready.clone();
                 let request_id = c.request_id;
+                let t = topic.clone();
                 tokio::spawn(
                     async move {
                         if let Ok(g) = rx.await {
@@ -832,7 +838,7 @@ impl Conn {
                                 .send(Frame::Command(commands::producer_success(
                                     request_id,
                                     &g.name,
-                                    -1,
+                                    last_sequence_id(&t, &g.name),
                                     true,
                                     g.topic_epoch,
                                 )))
@@ -863,11 +869,14 @@ impl Conn {
             producer = %name,
             producer_id = c.producer_id
         );
-        tokio::spawn(append_task(topic.clone(), sends_rx, done_tx).instrument(span.clone()));
+        tokio::spawn(
+            append_task(topic.clone(), name.clone(), sends_rx, done_tx).instrument(span.clone()),
+        );
         tokio::spawn(
             receipt_task(
                 self.state.clone(),
                 topic.clone(),
+                name.clone(),
                 c.producer_id,
                 generation,
                 done_rx,
@@ -953,8 +962,25 @@ impl Conn {
     }
 }
 
+/// SEND_RECEIPT for `item` at (`ledger_id`, `entry_id`), echoing its
+/// sequence ids (G4).
+fn receipt(producer_id: u64, item: &SendItem, ledger_id: u64, entry_id: u64) -> BaseCommand {
+    let mut cmd = commands::send_receipt(producer_id, item.sequence_id, ledger_id, entry_id);
+    if let Some(r) = cmd.send_receipt.as_mut() {
+        r.highest_sequence_id = item.highest_sequence_id;
+    }
+    cmd
+}
+
+/// PRODUCER_SUCCESS's `last_sequence_id`: the last persisted id of the
+/// producer name with de-duplication on, else −1 (G5).
+fn last_sequence_id(topic: &Topic, name: &str) -> i64 {
+    topic.dedup.as_ref().map_or(-1, |d| d.last_persisted(name))
+}
+
 async fn append_task(
     topic: Arc<Topic>,
+    name: String,
     mut sends: mpsc::Receiver<SendItem>,
     done: mpsc::Sender<Pending>,
 ) {
@@ -966,13 +992,31 @@ async fn append_task(
                 "checksum of the payload does not match".into(),
             ),
             ChecksumState::Valid | ChecksumState::Absent => {
-                match topic.ml.append_pipelined(item.entry.clone()).await {
-                    Ok(p) => Pending::Append(item, p),
-                    // Only this message: the topic and the producer stay.
-                    Err(e @ MlError::EntryTooLarge { .. }) => {
-                        Pending::Refused(item, ServerError::NotAllowedError, e.to_string())
+                let id = effective_id(item.sequence_id, item.highest_sequence_id);
+                let decision = topic.dedup.as_ref().map(|d| d.check(&name, id));
+                match decision {
+                    Some(Decision::Duplicate) => Pending::Duplicate(item),
+                    Some(Decision::WaitForOriginal) => Pending::WaitForOriginal(item, id),
+                    None | Some(Decision::Store { .. }) => {
+                        match topic.ml.append_pipelined(item.entry.clone()).await {
+                            Ok(p) => Pending::Append(item, p),
+                            // Only this message: the topic and the producer stay.
+                            Err(e @ MlError::EntryTooLarge { .. }) => {
+                                if let (Some(d), Some(Decision::Store { prev_pushed })) =
+                                    (&topic.dedup, decision)
+                                {
+                                    d.unpush(&name, id, prev_pushed);
+                                }
+                                Pending::Refused(item, ServerError::NotAllowedError, e.to_string())
+                            }
+                            Err(e) => {
+                                if let Some(d) = &topic.dedup {
+                                    d.failed(&name);
+                                }
+                                Pending::Failed(item, e.to_string())
+                            }
+                        }
                     }
-                    Err(e) => Pending::Failed(item, e.to_string()),
                 }
             }
         };
@@ -986,6 +1030,7 @@ async fn append_task(
 async fn receipt_task(
     state: Arc<BrokerState>,
     topic: Arc<Topic>,
+    name: String,
     producer_id: u64,
     generation: u64,
     mut done: mpsc::Receiver<Pending>,
@@ -993,6 +1038,10 @@ async fn receipt_task(
     events: mpsc::Sender<ConnEvent>,
 ) {
     let mut closing = topic.closing();
+    // Once the connection is gone nothing is sent, but the outcome of every
+    // append still in flight is recorded for de-duplication (a resend on a
+    // new connection waits for it).
+    let mut gone = false;
     let failure = loop {
         let next = tokio::select! {
             n = done.recv() => n,
@@ -1002,39 +1051,66 @@ async fn receipt_task(
             // The producer was closed by the client: nothing more to do.
             return;
         };
-        match pending {
+        let cmd = match pending {
             Pending::Append(item, p) => match p.wait().await {
                 Ok(pos) => {
-                    let mut cmd = commands::send_receipt(
-                        producer_id,
-                        item.sequence_id,
-                        pos.ledger_id,
-                        // Entry ids of stored entries are never negative.
-                        u64::try_from(pos.entry_id).unwrap_or(0),
-                    );
-                    if let Some(r) = cmd.send_receipt.as_mut() {
-                        r.highest_sequence_id = item.highest_sequence_id;
+                    if let Some(d) = &topic.dedup {
+                        d.persisted(
+                            &name,
+                            effective_id(item.sequence_id, item.highest_sequence_id),
+                        );
                     }
                     state
                         .metrics
                         .publish_latency
                         .observe(item.received.elapsed().as_secs_f64());
-                    if out.send(Frame::Command(cmd)).await.is_err() {
-                        return;
+                    receipt(
+                        producer_id,
+                        &item,
+                        pos.ledger_id,
+                        // Entry ids of stored entries are never negative.
+                        u64::try_from(pos.entry_id).unwrap_or(0),
+                    )
+                }
+                Err(e) => {
+                    if let Some(d) = &topic.dedup {
+                        d.failed(&name);
                     }
+                    break Some(e.to_string());
                 }
-                Err(e) => break Some(e.to_string()),
             },
-            Pending::Refused(item, code, message) => {
-                let cmd = commands::send_error(producer_id, item.sequence_id, code, message);
-                if out.send(Frame::Command(cmd)).await.is_err() {
-                    return;
+            // Pulsar acknowledges duplicates with message id (-1, -1).
+            Pending::Duplicate(item) => receipt(producer_id, &item, u64::MAX, u64::MAX),
+            Pending::WaitForOriginal(item, id) => {
+                let Some(d) = &topic.dedup else {
+                    break Some("de-duplication turned off".to_string());
+                };
+                let durable = tokio::select! {
+                    ok = d.wait_for_original(&name, id) => ok,
+                    _ = wait_true(&mut closing) => break Some("topic unloaded".to_string()),
+                };
+                if durable {
+                    receipt(producer_id, &item, u64::MAX, u64::MAX)
+                } else {
+                    // The client resends it after re-creating the producer.
+                    commands::send_error(
+                        producer_id,
+                        item.sequence_id,
+                        ServerError::PersistenceError,
+                        "the original of this possible duplicate was not persisted",
+                    )
                 }
+            }
+            Pending::Refused(item, code, message) => {
+                commands::send_error(producer_id, item.sequence_id, code, message)
             }
             Pending::Failed(item, e) => {
                 drop(item);
                 break Some(e);
             }
+        };
+        if !gone && out.send(Frame::Command(cmd)).await.is_err() {
+            gone = true;
         }
     };
     if let Some(why) = failure {

@@ -30,6 +30,8 @@ pub mod admin;
 pub mod config;
 pub mod connection;
 pub mod consumers;
+pub mod dedup;
+pub mod dedup_io;
 pub mod dispatch;
 pub mod http;
 pub mod managed_ledger;

@@ -3,7 +3,8 @@
 //!
 //! A loaded topic runs with the managed-ledger settings of the namespace
 //! policies it was loaded with ([`crate::tenancy::ml_config_for`]:
-//! persistence E/Qw/Qa, retention, message TTL). Every
+//! persistence E/Qw/Qa, retention, message TTL) and the de-duplication
+//! policy it was loaded with ([`crate::dedup_io`]). Every
 //! [`POLICY_REFRESH_INTERVAL_MS`] this task re-reads the policies of each
 //! namespace that has loaded topics (one metadata read per namespace) and
 //! unloads the topics whose settings differ: their clients are told to
@@ -12,7 +13,7 @@
 //! on every load). Policies that change nothing in the managed ledger
 //! (quotas, rates, max counts) never unload a topic.
 //!
-//! Promise: a change of persistence, retention or TTL stored through any
+//! Promise: a change of persistence, retention, TTL or de-duplication stored through any
 //! broker is in force on every broker's loaded topics within about
 //! [`POLICY_REFRESH_INTERVAL_MS`] plus a reload; the task ends on shutdown.
 
@@ -55,7 +56,9 @@ pub async fn refresh_once(topics: &Topics, store: &dyn MetadataStore, layout: &L
             }
         };
         for t in loaded {
-            if ml_policies_differ(&t.policies, &current) {
+            if ml_policies_differ(&t.policies, &current)
+                || t.policies.deduplication_enabled != current.deduplication_enabled
+            {
                 info!(tenant = %tenant, namespace = %ns, topic = %t.name, "namespace policies changed: reloading topic");
                 topics.unload(&t, "namespace policies changed").await;
                 unloaded += 1;

@@ -269,6 +269,7 @@ pub async fn run(
         producers_per_topic_max: config.producers_per_topic_max,
         topics_loaded_max: config.topics_loaded_max,
         tick_interval_ms: config.topic_tick_interval_ms,
+        dedup: config.dedup_config(),
     });
     registry
         .register(Box::new(

@@ -11,8 +11,10 @@
 //! - a topic whose managed ledger turns terminal (fenced by another owner,
 //!   failed) is unloaded: its producers and consumers are told to close
 //!   (CLOSE_PRODUCER / CLOSE_CONSUMER, G13) and the next use loads it again;
-//! - each loaded topic runs its periodic work (cursor snapshots, trimming)
-//!   every `topic_tick_interval_ms` until unloaded;
+//! - each loaded topic runs its periodic work (de-duplication and cursor
+//!   snapshots, trimming) every `topic_tick_interval_ms` until unloaded;
+//! - a topic of a namespace with de-duplication on is usable only once its
+//!   de-duplication state is restored ([`crate::dedup_io`]);
 //! - once an [`Ownership`] is attached ([`Topics::set_ownership`], cluster
 //!   mode), a topic is loaded only if this broker owns its bundle (else
 //!   `ServiceNotReady`): loading opens the managed ledger, which would fence
@@ -91,6 +93,8 @@ pub struct TopicContext {
     pub topics_loaded_max: usize,
     /// Period of each topic's background work.
     pub tick_interval_ms: u64,
+    /// Producer de-duplication settings (broker default, snapshots).
+    pub dedup: crate::dedup::DedupConfig,
 }
 
 /// One loaded topic.
@@ -106,6 +110,9 @@ pub struct Topic {
     /// The namespace policies the topic was loaded with (see
     /// [`crate::policy_refresh`]).
     pub policies: crate::tenancy::NamespacePolicies,
+    /// Producer de-duplication, when the namespace policy (or the broker
+    /// default) turns it on.
+    pub dedup: Option<Arc<crate::dedup_io::TopicDedup>>,
     closing: watch::Sender<bool>,
 }
 
@@ -364,6 +371,29 @@ impl Topics {
                 .ok()
                 .map(|p| p.metadata.publish_time)
         }));
+        let dedup = if policies
+            .deduplication_enabled
+            .unwrap_or(ctx.dedup.enabled_default)
+        {
+            match crate::dedup_io::TopicDedup::open(&ml, ctx.dedup).await {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    if let Err(e) = ml.close().await {
+                        warn!(topic = %name, error = %e, "closing the managed ledger");
+                    }
+                    return Err(e.into());
+                }
+            }
+        } else {
+            // Like Pulsar: turning de-duplication off drops its cursor, so
+            // it no longer holds entries back from trimming.
+            if ml.has_cursor(crate::dedup::DEDUP_CURSOR)
+                && let Err(e) = ml.delete_cursor(crate::dedup::DEDUP_CURSOR).await
+            {
+                warn!(topic = %name, error = %e, "deleting the de-duplication cursor");
+            }
+            None
+        };
         let topic = Arc::new(Topic {
             name: name.clone(),
             ml,
@@ -371,6 +401,7 @@ impl Topics {
             waiters: Mutex::new(HashMap::new()),
             subscriptions: Subscriptions::default(),
             policies,
+            dedup,
             closing: watch::channel(false).0,
         });
         ctx.metrics.topics_loaded.inc();
@@ -403,6 +434,13 @@ impl Topics {
         warn!(topic = %topic.name, reason, "unloading topic");
         topic.mark_closing();
         topic.subscriptions.close_all().await;
+        // A last de-duplication snapshot shortens the next load's replay.
+        if topic.ml.terminal_error().is_none()
+            && let Some(d) = &topic.dedup
+            && let Err(e) = d.snapshot().await
+        {
+            warn!(topic = %topic.name, error = %e, "de-duplication snapshot on unload");
+        }
         if topic.ml.terminal_error().is_none()
             && let Err(e) = topic.ml.close().await
         {
@@ -448,6 +486,11 @@ async fn tick_loop(topics: Weak<Topics>, topic: Weak<Topic>, interval_ms: u64) {
         if let Some(e) = t.ml.terminal_error() {
             ts.unload(&t, &e.to_string()).await;
             return;
+        }
+        if let Some(d) = &t.dedup
+            && let Err(e) = d.snapshot_if_due().await
+        {
+            warn!(topic = %t.name, error = %e, "de-duplication snapshot failed");
         }
         if let Err(e) = t.ml.tick().await {
             warn!(topic = %t.name, error = %e, "topic periodic work failed");

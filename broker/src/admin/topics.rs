@@ -311,9 +311,12 @@ pub(crate) fn sub_config(s: &BrokerState) -> SubscriptionConfig {
     }
 }
 
-/// The stored durable subscriptions of `t` (its cursor nodes), sorted.
+/// The stored durable subscriptions of `t` (its cursor nodes, less the
+/// de-duplication system cursor), sorted.
 async fn stored_subscriptions(s: &BrokerState, t: &TopicName) -> Result<Vec<String>, AdminError> {
-    store::children(&*s.store, &ml_path(s, t)?).await
+    let mut names = store::children(&*s.store, &ml_path(s, t)?).await?;
+    names.retain(|n| n != crate::dedup::DEDUP_CURSOR);
+    Ok(names)
 }
 
 /// Opens stored subscription `name` of a loaded topic (404 if not stored).

@@ -836,6 +836,7 @@ mod tests {
             producers_per_topic_max: 10,
             topics_loaded_max: 10,
             tick_interval_ms: 1000,
+            dedup: crate::dedup::DedupConfig::default(),
         });
         store.create_all(&layout.brokers()).await.unwrap();
         let reg = Registration {

@@ -1397,6 +1397,12 @@ impl ManagedLedger {
         })
     }
 
+    /// Whether cursor `name` is open (durable cursors are all opened with
+    /// the managed ledger).
+    pub fn has_cursor(&self, name: &str) -> bool {
+        self.shared.core().cursors.contains_key(name)
+    }
+
     /// Opens a non-durable cursor (a reader): never persisted, holds no data
     /// back from trimming.
     pub fn open_non_durable_cursor(&self, name: &str, initial: InitialPosition) -> ManagedCursor {
@@ -1527,7 +1533,13 @@ impl ManagedLedger {
             let mut c = s.core();
             let c = &mut *c;
             let mut moved = Vec::new();
-            for (name, slot) in c.cursors.iter_mut().filter(|(_, x)| x.durable) {
+            // The de-duplication cursor is no subscription: its mark-delete
+            // must stay the position its snapshot covers.
+            for (name, slot) in c
+                .cursors
+                .iter_mut()
+                .filter(|(n, x)| x.durable && n.as_str() != crate::dedup::DEDUP_CURSOR)
+            {
                 match slot.cursor.expire_up_to(target, &c.list) {
                     Ok(true) => moved.push(name.clone()),
                     Ok(false) => {}
@@ -1814,6 +1826,17 @@ impl ManagedCursor {
     /// acknowledgement made before that call is persisted.
     pub fn snapshots_written(&self) -> Result<u64, MlError> {
         self.with(|s, _| s.snapshots_written)
+    }
+
+    /// The mark-delete properties (restored with the cursor).
+    pub fn properties(&self) -> Result<BTreeMap<String, i64>, MlError> {
+        self.with(|s, _| s.cursor.properties().clone())
+    }
+
+    /// Replaces the mark-delete properties; they are written with the next
+    /// snapshot ([`Self::persist`] forces one).
+    pub fn set_properties(&self, properties: BTreeMap<String, i64>) -> Result<(), MlError> {
+        self.with(|s, _| s.cursor.set_properties(properties))
     }
 
     /// Reads up to `count_max` entries after the read position, skipping

@@ -1,0 +1,200 @@
+//! Producer de-duplication against `cms-broker standalone` with the official
+//! Python client (pulsar-client 3.13): with the namespace policy on, a
+//! sequence id re-sent by a producer of the same name is stored once, before
+//! and after a `kill -9` of the broker, and PRODUCER_SUCCESS announces the
+//! last persisted id; with the policy off the same sends are stored twice
+//! and −1 is announced; turning the policy on applies to a loaded topic.
+
+use std::time::{Duration, Instant};
+
+use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, run_python};
+
+/// Bound on the policy change reaching a loaded topic.
+const POLICY_APPLIED_WITHIN: Duration = Duration::from_secs(30);
+
+async fn admin(broker: &BrokerNode, method: reqwest::Method, path: &str, body: Option<&str>) {
+    let client = cms_tests::harness::http::client();
+    let mut req = client.request(method.clone(), format!("http://{}{path}", broker.http()));
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let resp = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    assert!(status.is_success(), "{method} {path}: {status} {text}");
+}
+
+/// Sends `m-<id>` for ids `first..=last` (≥ 1: the Python client treats an
+/// explicit 0 as "assign one") with a producer named `name`; returns the
+/// `last_sequence_id` announced when it was created.
+async fn send(url: &str, topic: &str, name: &str, first: i64, last: i64) -> i64 {
+    let (f, l) = (first.to_string(), last.to_string());
+    let run = run_python(
+        "dedup_send.py",
+        &[
+            "--url", url, "--topic", topic, "--name", name, "--first", &f, "--last", &l,
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "dedup_send failed: {} / {}", run.json, run.stderr);
+    run.json["announced_last"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no announced_last in {}", run.json))
+}
+
+/// Every payload stored on `topic`, read by a new subscription from the
+/// start without acknowledging (so every subscription holds the whole log
+/// back from trimming and later new subscriptions still see all of it).
+async fn stored(url: &str, topic: &str, sub: &str) -> Vec<String> {
+    let run = run_python(
+        "consume.py",
+        &[
+            "--url",
+            url,
+            "--topic",
+            topic,
+            "--sub",
+            sub,
+            "--count",
+            "1000",
+            "--drain",
+            "--no-ack",
+            "--timeout-ms",
+            "2000",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "consume failed: {} / {}", run.json, run.stderr);
+    run.json["received"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no received in {}", run.json))
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn payloads(ids: impl IntoIterator<Item = i64>) -> Vec<String> {
+    ids.into_iter().map(|i| format!("m-{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resent_sequence_ids_are_stored_once_across_a_kill_9() {
+    // Snapshots every 4 entries: the restart restores a snapshot and
+    // replays the entries after it.
+    let mut broker = BrokerNode::start_standalone(&["--dedup-snapshot-entries=4"]).await;
+    admin(
+        &broker,
+        reqwest::Method::PUT,
+        "/admin/v2/namespaces/public/dd",
+        None,
+    )
+    .await;
+    admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/public/dd/deduplication",
+        Some("true"),
+    )
+    .await;
+    let topic = "persistent://public/dd/orders";
+    let url = broker.service_url();
+
+    assert_eq!(
+        send(&url, topic, "p1", 1, 10).await,
+        -1,
+        "new producer name"
+    );
+    // Same name again (as after a client restart): 6..=10 are duplicates.
+    assert_eq!(send(&url, topic, "p1", 6, 15).await, 10);
+    // Another name has its own sequence.
+    assert_eq!(send(&url, topic, "other", 1, 3).await, -1);
+    let want: Vec<String> = payloads(1..=15)
+        .into_iter()
+        .chain(payloads(1..=3))
+        .collect();
+    assert_eq!(stored(&url, topic, "s1").await, want);
+
+    // Let a snapshot be taken for part of the log, then kill -9.
+    broker.kill_and_restart().await;
+    let url = broker.service_url();
+    assert_eq!(
+        send(&url, topic, "p1", 11, 20).await,
+        15,
+        "last persisted id after kill -9"
+    );
+    assert_eq!(send(&url, topic, "other", 1, 4).await, 3);
+    let want: Vec<String> = payloads(1..=15)
+        .into_iter()
+        .chain(payloads(1..=3))
+        .chain(payloads(16..=20))
+        .chain(payloads(4..=4))
+        .collect();
+    assert_eq!(stored(&url, topic, "s2").await, want);
+
+    // Once more, after a clean restart (snapshot written on the way).
+    broker.restart().await;
+    let url = broker.service_url();
+    assert_eq!(send(&url, topic, "p1", 1, 21).await, 20);
+    let mut want = want;
+    want.push("m-21".into());
+    assert_eq!(stored(&url, topic, "s3").await, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_policy_off_resends_are_stored_twice_until_it_is_turned_on() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    admin(
+        &broker,
+        reqwest::Method::PUT,
+        "/admin/v2/namespaces/public/plain",
+        None,
+    )
+    .await;
+    let topic = "persistent://public/plain/events";
+    let url = broker.service_url();
+    assert_eq!(send(&url, topic, "p1", 1, 5).await, -1);
+    assert_eq!(
+        send(&url, topic, "p1", 1, 5).await,
+        -1,
+        "off: nothing announced"
+    );
+    let twice: Vec<String> = payloads(1..=5).into_iter().chain(payloads(1..=5)).collect();
+    assert_eq!(stored(&url, topic, "s1").await, twice);
+
+    // Turn it on while the topic is loaded: the broker reloads the topic;
+    // poll until a fresh producer name's resend is recognised.
+    admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/public/plain/deduplication",
+        Some("true"),
+    )
+    .await;
+    let deadline = Instant::now() + POLICY_APPLIED_WITHIN;
+    let mut extra = Vec::new();
+    let mut round = 0;
+    loop {
+        round += 1;
+        let name = format!("probe-{round}");
+        send(&url, topic, &name, 1, 1).await;
+        extra.push("m-1".to_string());
+        if send(&url, topic, &name, 1, 1).await == 1 {
+            break;
+        }
+        extra.push("m-1".to_string());
+        assert!(
+            Instant::now() < deadline,
+            "de-duplication not in force within {POLICY_APPLIED_WITHIN:?}"
+        );
+    }
+    let mut want = twice;
+    want.extend(extra);
+    assert_eq!(stored(&url, topic, "s2").await, want);
+}
