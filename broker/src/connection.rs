@@ -876,9 +876,11 @@ impl Conn {
             receipt_task(
                 self.state.clone(),
                 topic.clone(),
-                name.clone(),
-                c.producer_id,
-                generation,
+                ReceiptFor {
+                    name: name.clone(),
+                    producer_id: c.producer_id,
+                    generation,
+                },
                 done_rx,
                 self.out.clone(),
                 self.events_tx.clone(),
@@ -1027,16 +1029,27 @@ async fn append_task(
     }
 }
 
-async fn receipt_task(
-    state: Arc<BrokerState>,
-    topic: Arc<Topic>,
+/// Who a receipt task answers for.
+struct ReceiptFor {
+    /// Producer name (de-duplication key).
     name: String,
     producer_id: u64,
     generation: u64,
+}
+
+async fn receipt_task(
+    state: Arc<BrokerState>,
+    topic: Arc<Topic>,
+    who: ReceiptFor,
     mut done: mpsc::Receiver<Pending>,
     out: Outbound,
     events: mpsc::Sender<ConnEvent>,
 ) {
+    let ReceiptFor {
+        name,
+        producer_id,
+        generation,
+    } = who;
     let mut closing = topic.closing();
     // Once the connection is gone nothing is sent, but the outcome of every
     // append still in flight is recorded for de-duplication (a resend on a
