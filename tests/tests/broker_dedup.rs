@@ -4,10 +4,17 @@
 //! and after a `kill -9` of the broker, and PRODUCER_SUCCESS announces the
 //! last persisted id; with the policy off the same sends are stored twice
 //! and −1 is announced; turning the policy on applies to a loaded topic.
+//! On the raw protocol (broker default on): a duplicate sent right behind
+//! its original is acknowledged only after it, with message id (-1, -1).
 
 use std::time::{Duration, Instant};
 
-use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, run_python};
+use bytes::Bytes;
+use cms_client::proto::commands;
+use cms_client::proto::frame::{ChecksumState, Frame, PayloadFrame, entry_from_parts};
+use cms_client::proto::pulsar::MessageMetadata;
+use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, RawPulsarClient, run_python};
+use futures::SinkExt;
 
 /// Bound on the policy change reaching a loaded topic.
 const POLICY_APPLIED_WITHIN: Duration = Duration::from_secs(30);
@@ -197,4 +204,65 @@ async fn with_the_policy_off_resends_are_stored_twice_until_it_is_turned_on() {
     let mut want = twice;
     want.extend(extra);
     assert_eq!(stored(&url, topic, "s2").await, want);
+}
+
+/// PRODUCER on `c` named `name`; returns the announced `last_sequence_id`.
+async fn raw_producer(c: &mut RawPulsarClient, topic: &str, id: u64, name: &str) -> i64 {
+    c.send(commands::producer(topic, id, 100 + id, Some(name)))
+        .await;
+    let got = c.recv().await.expect("PRODUCER_SUCCESS");
+    let ps = got
+        .producer_success
+        .clone()
+        .unwrap_or_else(|| panic!("PRODUCER_SUCCESS, got {got:?}"));
+    ps.last_sequence_id.unwrap_or(-1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_right_behind_its_original_is_acked_after_it() {
+    let broker = BrokerNode::start_standalone(&["--broker-deduplication-enabled=true"]).await;
+    let topic = "persistent://public/default/raw-dedup";
+    let mut c = RawPulsarClient::connected(broker.pulsar()).await;
+    assert_eq!(raw_producer(&mut c, topic, 1, "raw-p").await, -1);
+    // Pipelined: 1, 1 again (its original in flight or just durable), 2,
+    // then 1 once more.
+    let seqs = [1u64, 1, 2, 1];
+    for seq in seqs {
+        let md = MessageMetadata {
+            producer_name: "raw-p".into(),
+            sequence_id: seq,
+            publish_time: 1,
+            ..Default::default()
+        };
+        c.framed
+            .send(Frame::Payload(PayloadFrame {
+                command: commands::send(1, seq, 1),
+                broker_entry_metadata: None,
+                checksum: ChecksumState::Valid,
+                entry: Bytes::from(entry_from_parts(&md, format!("r{seq}").as_bytes()).to_vec()),
+            }))
+            .await
+            .expect("send");
+    }
+    let mut stored = Vec::new();
+    for (i, seq) in seqs.iter().enumerate() {
+        let got = c.recv().await.expect("receipt");
+        let r = got
+            .send_receipt
+            .clone()
+            .unwrap_or_else(|| panic!("SEND_RECEIPT #{i}, got {got:?}"));
+        assert_eq!(r.sequence_id, *seq, "receipts in send order");
+        let id = r.message_id.expect("message id");
+        let duplicate = id.ledger_id == u64::MAX && id.entry_id == u64::MAX;
+        assert_eq!(duplicate, i == 1 || i == 3, "receipt #{i}: {id:?}");
+        if !duplicate {
+            stored.push((id.ledger_id, id.entry_id));
+        }
+    }
+    assert_eq!(stored.len(), 2);
+    c.send(commands::close_producer(1, 7)).await;
+    let got = c.recv().await.expect("SUCCESS");
+    assert!(got.success.is_some(), "{got:?}");
+    // The next producer of that name learns the last persisted id.
+    assert_eq!(raw_producer(&mut c, topic, 2, "raw-p").await, 2);
 }
