@@ -152,6 +152,25 @@ async fn resent_sequence_ids_are_stored_once_across_a_kill_9() {
     let mut want = want;
     want.push("m-21".into());
     assert_eq!(stored(&url, topic, "s3").await, want);
+
+    // Stats: de-duplication on, and its system cursor is no subscription.
+    let (status, body) = cms_tests::harness::http::get(
+        &cms_tests::harness::http::client(),
+        broker.http(),
+        "/admin/v2/persistent/public/dd/orders/stats",
+    )
+    .await
+    .expect("stats");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).expect("stats JSON");
+    assert_eq!(stats["deduplicationStatus"], "Enabled", "{stats}");
+    let mut subs: Vec<&String> = stats["subscriptions"]
+        .as_object()
+        .unwrap_or_else(|| panic!("subscriptions in {stats}"))
+        .keys()
+        .collect();
+    subs.sort();
+    assert_eq!(subs, ["s1", "s2", "s3"], "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

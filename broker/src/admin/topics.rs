@@ -401,6 +401,7 @@ async fn topic_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError
         "storageSize": storage,
         "publishers": publishers,
         "subscriptions": subs,
+        "deduplicationStatus": if topic.dedup.is_some() { "Enabled" } else { "Disabled" },
     }))
 }
 
