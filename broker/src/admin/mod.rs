@@ -396,8 +396,6 @@ fn table() -> Table {
     use queues as q;
     use tenants as t;
     use topics as tp;
-    const T: &str = "/admin/v2/{domain}/{tenant}/{namespace}/{topic}";
-    let _ = T;
     Table {
         router: Router::new(),
         added: Vec::new(),

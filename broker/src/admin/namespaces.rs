@@ -580,7 +580,7 @@ mod tests {
                 matches!(r, Err(AdminError::BadRequest(_))),
                 "{policy} {value}: {r:?}"
             );
-            let _ = before;
+            assert_eq!(p, before, "{policy}: a refused value changed the policies");
         }
         let mut p = NamespacePolicies::default();
         assert!(matches!(
