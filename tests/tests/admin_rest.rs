@@ -721,7 +721,27 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
     assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 10, "{stats}");
     assert_eq!(a.status("POST", &format!("{expire}/0"), None).await, 400);
     let aged = produced_at + Duration::from_secs(2);
+    a.ok("POST", &format!("{sub}/expireMessages/3600"), None)
+        .await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 10, "{stats}");
+    assert_eq!(
+        a.status("POST", &format!("{sub}/expireMessages/x"), None)
+            .await,
+        400
+    );
     tokio::time::sleep_until(aged).await;
+    // One subscription...
+    a.ok("POST", &format!("{sub}/expireMessages/1"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");
+    // ...and all of them.
+    a.ok(
+        "POST",
+        &format!("{sub}/resetcursor"),
+        Some(r#"{"ledgerId":-1,"entryId":-1}"#),
+    )
+    .await;
     a.ok("POST", &format!("{expire}/1"), None).await;
     let stats = a.get(&format!("{base}/orders/stats")).await;
     assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");

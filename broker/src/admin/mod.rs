@@ -344,6 +344,10 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "GET",
         "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/lastMessageId",
     ),
+    (
+        "POST",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/expireMessages/{seconds}",
+    ),
 ];
 
 fn method_filter(m: &str) -> MethodFilter {
@@ -452,6 +456,7 @@ fn table() -> Table {
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/skip/{count}", tp::skip)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/position/{position}", tp::peek)
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/all_subscription/expireMessages/{seconds}", tp::expire_all)
+    .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/expireMessages/{seconds}", tp::expire)
 }
 
 /// `cms_admin_requests_total{method, route, status}`: route is the path

@@ -30,7 +30,9 @@ use crate::admin::{
 use crate::consumers::message_counter;
 use crate::managed_ledger::io::SeekTarget;
 use crate::managed_ledger::io::managed_ledger::node_path;
-use crate::managed_ledger::{InitialPosition, LedgerList, Position};
+use crate::managed_ledger::{
+    InitialPosition, LedgerList, Position, PublishTimeSearch, SearchResult, SearchStep,
+};
 use crate::partitioned::{self, PartitionedError};
 use crate::service::BrokerState;
 use crate::subscription::{SubError, Subscription, SubscriptionConfig};
@@ -722,6 +724,68 @@ pub async fn expire_all(State(s): St, p: Params) -> AdminResult {
         .await
         .map_err(|e| AdminError::Unavailable(format!("expiring messages of {t}: {e}")))?;
     info!(topic = %t, seconds = secs, subscriptions = ?moved, "messages expired");
+    Ok(no_content())
+}
+
+fn publish_time(entry: &[u8]) -> Option<u64> {
+    cms_client::proto::frame::parse_entry(entry)
+        .ok()
+        .map(|p| p.metadata.publish_time)
+}
+
+/// `POST .../subscription/{subscription}/expireMessages/{seconds}`: the
+/// subscription acknowledges the entries after its mark-delete published
+/// more than `seconds` ago (found by a publish-time search; the cursor only
+/// moves forward).
+pub async fn expire(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let secs = count_param(&p, "seconds")?;
+    if secs == 0 {
+        return Err(AdminError::BadRequest("seconds must be >= 1".into()));
+    }
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let cutoff = now_ms.saturating_sub(secs.saturating_mul(1000));
+    let md = sub.stats().mark_delete;
+    let list = topic.ml.ledgers();
+    let mut search = PublishTimeSearch::after(&list, md, cutoff);
+    let mut step = search.step();
+    let result = loop {
+        match step {
+            SearchStep::Read(at) => {
+                let e = topic
+                    .ml
+                    .read(at, 1)
+                    .await
+                    .map_err(|e| AdminError::Unavailable(format!("reading {t}: {e}")))?;
+                let entry = e.into_iter().find(|e| e.position == at).ok_or_else(|| {
+                    AdminError::Unavailable(format!(
+                        "entry {} of {t} not readable",
+                        position_json(at)
+                    ))
+                })?;
+                // An entry without a readable publish time counts as new.
+                let ts = publish_time(&entry.payload).unwrap_or(u64::MAX);
+                step = search
+                    .feed(at, ts)
+                    .map_err(|e| AdminError::Internal(e.to_string()))?;
+            }
+            SearchStep::Done(r) => break r,
+        }
+    };
+    let target = match result {
+        SearchResult::Found(at) if Some(at) == list.next_valid_position(md) => None,
+        SearchResult::Found(at) => Some(SeekTarget::Position(at)),
+        SearchResult::NoneAtOrAfter => Some(SeekTarget::Latest),
+    };
+    if let Some(target) = target {
+        sub.seek(target).await.map_err(sub_error)?;
+    }
+    info!(topic = %t, subscription = name, seconds = secs, ?target, "messages expired");
     Ok(no_content())
 }
 
