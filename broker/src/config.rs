@@ -42,6 +42,9 @@ pub struct BrokerConfig {
     /// Timeout of one metadata operation and of connecting, in milliseconds.
     #[arg(long, default_value_t = 10000)]
     pub metadata_operation_timeout_ms: u64,
+    /// Period of the broker's load report in `/cms/brokers/<id>`, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub load_report_interval_ms: u64,
 
     /// Pulsar binary protocol listen address.
     #[arg(long, default_value = "0.0.0.0:6650")]

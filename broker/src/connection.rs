@@ -50,6 +50,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::consumers::Consumers;
 use crate::managed_ledger::io::MlError;
 use crate::managed_ledger::io::managed_ledger::PendingAppend;
+use crate::ownership::{LookupAnswer, OwnershipError};
 use crate::producers::{AccessMode, ProducerRefusal, ProducerRequest};
 use crate::service::BrokerState;
 use crate::topic_name::TopicName;
@@ -73,6 +74,65 @@ pub fn topic_error_reply(e: &TopicError) -> ErrorReply {
         // "is being unloaded" keeps the client's connection open (G7).
         TopicError::ServiceNotReady(m) => (ServerError::ServiceNotReady, m.clone()),
         TopicError::Persistence(m) => (ServerError::PersistenceError, m.clone()),
+    }
+}
+
+/// Maps an ownership error to the Pulsar error of a failed lookup.
+pub fn ownership_error_reply(e: &OwnershipError) -> ErrorReply {
+    match e {
+        OwnershipError::NoNamespace(_) => (ServerError::TopicNotFound, e.to_string()),
+        OwnershipError::BadPolicy { .. } | OwnershipError::Metadata(_) => {
+            (ServerError::MetadataError, e.to_string())
+        }
+        // Retryable; "is being unloaded" keeps the connection (G7).
+        OwnershipError::Unavailable(_) => (ServerError::ServiceNotReady, e.to_string()),
+    }
+}
+
+/// Parses a topic name and checks its namespace exists.
+pub async fn check_topic_name(state: &BrokerState, topic: &str) -> Result<TopicName, ErrorReply> {
+    let name =
+        TopicName::parse(topic).map_err(|e| (ServerError::InvalidTopicName, e.to_string()))?;
+    let ctx = state.topics.context();
+    match crate::tenancy::namespace_policies(
+        &*ctx.store,
+        &ctx.layout,
+        &name.tenant,
+        &name.namespace,
+    )
+    .await
+    {
+        Ok(Some(_)) => Ok(name),
+        Ok(None) => Err((
+            ServerError::TopicNotFound,
+            format!("namespace {} does not exist", name.namespace_name()),
+        )),
+        Err(e) => Err((ServerError::MetadataError, e.to_string())),
+    }
+}
+
+/// Lookups answered at once per connection.
+pub const LOOKUPS_PER_CONNECTION_MAX: usize = 64;
+
+/// The LOOKUP_RESPONSE for `c`: Connect, authoritative Redirect (G10) or Failed.
+async fn lookup_reply(state: &BrokerState, c: &CommandLookupTopic) -> BaseCommand {
+    match check_topic_name(state, &c.topic).await {
+        Ok(name) => {
+            let authoritative = c.authoritative.unwrap_or(false);
+            match state.ownership.lookup(&name, authoritative).await {
+                Ok(LookupAnswer::Connect) => {
+                    commands::lookup_response_connect(c.request_id, &state.service_url, true)
+                }
+                Ok(LookupAnswer::Redirect { service_url, .. }) => {
+                    commands::lookup_response_redirect(c.request_id, &service_url, true)
+                }
+                Err(e) => {
+                    let (code, msg) = ownership_error_reply(&e);
+                    commands::lookup_response_failed(c.request_id, code, msg)
+                }
+            }
+        }
+        Err((code, msg)) => commands::lookup_response_failed(c.request_id, code, msg),
     }
 }
 
@@ -140,6 +200,7 @@ pub struct Conn {
     pub consumers: Consumers,
     generation: u64,
     publish_permits: Arc<Semaphore>,
+    lookup_permits: Arc<Semaphore>,
 }
 
 /// Why the reader task stops.
@@ -204,6 +265,7 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
         publish_permits: Arc::new(Semaphore::new(
             state.config.pending_publishes_per_connection_max,
         )),
+        lookup_permits: Arc::new(Semaphore::new(LOOKUPS_PER_CONNECTION_MAX)),
     };
     let keep_alive = Duration::from_secs(state.config.keep_alive_interval_s);
     // Checked four times per interval so a PING goes out within a quarter
@@ -512,21 +574,30 @@ impl Conn {
         Ok(())
     }
 
+    /// Answers a LOOKUP in its own task (it may wait for a dead owner's
+    /// session to expire, and must not stall this connection's publishes);
+    /// at most [`LOOKUPS_PER_CONNECTION_MAX`] at once, beyond that
+    /// TooManyRequests (the client retries).
     async fn on_lookup(&self, c: &CommandLookupTopic) {
-        match self.check_topic(&c.topic).await {
-            Ok(_) => {
-                self.send(commands::lookup_response_connect(
-                    c.request_id,
-                    &self.state.service_url,
-                    true,
-                ))
-                .await
-            }
-            Err((code, msg)) => {
-                self.send(commands::lookup_response_failed(c.request_id, code, msg))
-                    .await
-            }
-        }
+        let Ok(permit) = self.lookup_permits.clone().try_acquire_owned() else {
+            self.send(commands::lookup_response_failed(
+                c.request_id,
+                ServerError::TooManyRequests,
+                format!(
+                    "more than {LOOKUPS_PER_CONNECTION_MAX} lookups in flight on this connection"
+                ),
+            ))
+            .await;
+            return;
+        };
+        let state = self.state.clone();
+        let out = self.out.clone();
+        let c = c.clone();
+        tokio::spawn(async move {
+            let reply = lookup_reply(&state, &c).await;
+            let _ = out.send(Frame::Command(reply)).await;
+            drop(permit);
+        });
     }
 
     async fn on_partitioned_metadata(&self, c: &CommandPartitionedTopicMetadata) {
@@ -597,24 +668,7 @@ impl Conn {
 
     /// Parses a topic name and checks its namespace exists.
     pub async fn check_topic(&self, topic: &str) -> Result<TopicName, ErrorReply> {
-        let name =
-            TopicName::parse(topic).map_err(|e| (ServerError::InvalidTopicName, e.to_string()))?;
-        let ctx = self.state.topics.context();
-        match crate::tenancy::namespace_policies(
-            &*ctx.store,
-            &ctx.layout,
-            &name.tenant,
-            &name.namespace,
-        )
-        .await
-        {
-            Ok(Some(_)) => Ok(name),
-            Ok(None) => Err((
-                ServerError::TopicNotFound,
-                format!("namespace {} does not exist", name.namespace_name()),
-            )),
-            Err(e) => Err((ServerError::MetadataError, e.to_string())),
-        }
+        check_topic_name(&self.state, topic).await
     }
 
     /// Loads (or finds) a topic for a request, bounded in time.
@@ -625,9 +679,26 @@ impl Conn {
             let ctx = self.state.topics.context();
             crate::topic_discovery::check_use(&*ctx.store, &ctx.layout, &name).await?;
         }
+        // Only the bundle's owner serves a topic (invariant 5); the client
+        // looks the topic up again on ServiceNotReady.
+        let owned = || async {
+            self.state
+                .ownership
+                .check_owned(&name)
+                .await
+                .map_err(|m| (ServerError::ServiceNotReady, m))
+        };
+        // (`get_or_load` checks ownership before loading as well.)
         let load = self.state.topics.get_or_load(&name, create);
         match tokio::time::timeout(Duration::from_millis(TOPIC_LOAD_TIMEOUT_MS), load).await {
-            Ok(Ok(t)) => Ok(t),
+            Ok(Ok(t)) => {
+                // Ownership may have been lost while the topic loaded.
+                if let Err(e) = owned().await {
+                    self.state.topics.unload(&t, "bundle not owned").await;
+                    return Err(e);
+                }
+                Ok(t)
+            }
             Ok(Err(e)) => Err(topic_error_reply(&e)),
             Err(_) => Err((
                 ServerError::ServiceNotReady,

@@ -1,7 +1,10 @@
 //! The broker's HTTP port (axum): `/health` (the process answers), `/ready`
 //! (metadata store reachable, a writable bookie quorum, topics loadable) and
-//! `/metrics` (Prometheus text), and the admin API (`/admin/v2`, see
-//! [`crate::admin`]).
+//! `/metrics` (Prometheus text), and Pulsar's HTTP lookup
+//! `/lookup/v2/topic/{domain}/{tenant}/{ns}/{topic}` (200 with the owner's
+//! URLs when this broker owns the topic, 307 to the owner's lookup URL with
+//! `authoritative=true` otherwise, as Pulsar's `TopicLookupBase`). The admin API
+//! (`/admin/v2`, see [`crate::admin`]) is merged in.
 //!
 //! Promise: every handler is bounded in time (the metadata probe has a
 //! deadline) and answers JSON (`{"reason": ...}` on errors) except
@@ -11,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -21,6 +24,8 @@ use crate::service::BrokerState;
 
 /// Deadline of the metadata probe of `/ready`, in milliseconds.
 pub const READY_PROBE_TIMEOUT_MS: u64 = 2_000;
+/// Deadline of an HTTP lookup, in milliseconds.
+pub const LOOKUP_TIMEOUT_MS: u64 = 10_000;
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response {
     (
@@ -79,6 +84,63 @@ async fn metrics(State(s): State<Arc<BrokerState>>) -> Response {
     }
 }
 
+#[derive(Debug, serde::Deserialize)]
+struct LookupQuery {
+    #[serde(default)]
+    authoritative: bool,
+}
+
+async fn lookup(
+    State(s): State<Arc<BrokerState>>,
+    Path((domain, tenant, namespace, topic)): Path<(String, String, String, String)>,
+    Query(q): Query<LookupQuery>,
+) -> Response {
+    let bad =
+        |status: StatusCode, reason: String| json(status, serde_json::json!({"reason": reason}));
+    let full = format!("{domain}://{tenant}/{namespace}/{topic}");
+    let name = match crate::topic_name::TopicName::parse(&full) {
+        Ok(n) => n,
+        Err(e) => return bad(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let answer = tokio::time::timeout(
+        Duration::from_millis(LOOKUP_TIMEOUT_MS),
+        s.ownership.lookup(&name, q.authoritative),
+    )
+    .await;
+    use crate::ownership::{LookupAnswer, OwnershipError};
+    match answer {
+        Ok(Ok(LookupAnswer::Connect)) => json(
+            StatusCode::OK,
+            serde_json::json!({
+                "brokerUrl": s.service_url,
+                "brokerUrlTls": "",
+                "httpUrl": s.http_url,
+                "httpUrlTls": "",
+                "nativeUrl": s.service_url,
+            }),
+        ),
+        Ok(Ok(LookupAnswer::Redirect { http_url, .. })) => {
+            let location = format!(
+                "{http_url}/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}?authoritative=true"
+            );
+            (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(axum::http::header::LOCATION, location)],
+            )
+                .into_response()
+        }
+        Ok(Err(e @ OwnershipError::NoNamespace(_))) => bad(StatusCode::NOT_FOUND, e.to_string()),
+        Ok(Err(e @ OwnershipError::BadPolicy { .. })) => {
+            bad(StatusCode::PRECONDITION_FAILED, e.to_string())
+        }
+        Ok(Err(e)) => bad(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(_) => bad(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("lookup took longer than {LOOKUP_TIMEOUT_MS} ms"),
+        ),
+    }
+}
+
 async fn not_found() -> Response {
     json(
         StatusCode::NOT_FOUND,
@@ -99,6 +161,10 @@ pub fn router(state: Arc<BrokerState>) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route(
+            "/lookup/v2/topic/{domain}/{tenant}/{ns}/{topic}",
+            get(lookup),
+        )
         .merge(crate::admin::router(&state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

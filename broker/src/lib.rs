@@ -19,7 +19,10 @@
 //!   Pulsar protocol port: accept loop with connection limits, one task per
 //!   connection, consumer commands on the topic's subscriptions;
 //! - [`http`], [`metrics`], [`topic_metrics`] — `/health`, `/ready`,
-//!   `/metrics` (per-topic series with tenant / namespace / topic labels);
+//!   `/metrics` (per-topic series with tenant / namespace / topic labels),
+//!   HTTP lookup;
+//! - [`ownership`] — namespace bundles, ownership nodes, lookup decisions,
+//!   load reports and placement;
 //! - [`admin`] — the admin REST API (`/admin/v2`);
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
@@ -31,6 +34,7 @@ pub mod dispatch;
 pub mod http;
 pub mod managed_ledger;
 pub mod metrics;
+pub mod ownership;
 pub mod partitioned;
 pub mod policy_refresh;
 pub mod producers;

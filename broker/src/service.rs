@@ -27,7 +27,12 @@ use tracing::{info, warn};
 use crate::config::{BrokerConfig, Mode, Replication};
 use crate::managed_ledger::io::{EntryCache, ManagedLedgerConfig};
 use crate::metrics::BrokerMetrics;
+use crate::ownership::load::Registration;
+use crate::ownership::{Ownership, OwnershipConfig};
 use crate::topics::{TopicContext, Topics};
+
+/// Bound on releasing this broker's bundles at shutdown, in milliseconds.
+pub const DRAIN_TIMEOUT_MS: u64 = 30_000;
 
 /// Why the broker could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +67,8 @@ pub struct BrokerState {
     pub client: LedgerClient,
     /// Loaded topics.
     pub topics: Arc<Topics>,
+    /// Bundle ownership (a no-op in standalone).
+    pub ownership: Arc<Ownership>,
     /// Metrics.
     pub metrics: BrokerMetrics,
     /// The registry behind `/metrics`.
@@ -214,11 +221,13 @@ pub async fn run(
 
     // Registration: an ephemeral sequential node; its number makes producer
     // names unique across broker restarts.
-    let reg = serde_json::json!({
-        "serviceUrl": service_url,
-        "webServiceUrl": http_url,
-        "cluster": cluster.name,
-    });
+    let reg = serde_json::to_string(&Registration {
+        service_url: service_url.clone(),
+        web_service_url: http_url.clone(),
+        cluster: cluster.name.clone(),
+        ..Registration::default()
+    })
+    .map_err(|e| BrokerError::Io(e.to_string()))?;
     store
         .create_all(&layout.brokers())
         .await
@@ -229,7 +238,7 @@ pub async fn run(
                 &layout.brokers(),
                 &format!("{host}:{}-", broker_addr.port()),
             ),
-            reg.to_string().as_bytes(),
+            reg.as_bytes(),
             CreateMode::EphemeralSequential,
         )
         .await
@@ -267,6 +276,31 @@ pub async fn run(
                 .map_err(|e| BrokerError::Io(e.to_string()))?,
         ))
         .map_err(|e| BrokerError::Io(e.to_string()))?;
+    let broker_id = reg_path.rsplit('/').next().unwrap_or_default().to_string();
+    let ownership = Ownership::new(
+        OwnershipConfig {
+            enabled: mode == Mode::Cluster,
+            broker_id,
+            registration_path: reg_path.clone(),
+            service_url: service_url.clone(),
+            http_url: http_url.clone(),
+            cluster: cluster.name.clone(),
+            // The granted timeout can be lower than the requested one.
+            session_timeout_ms: store
+                .negotiated_session_timeout_ms()
+                .map_or(config.metadata_session_timeout_ms, |n| {
+                    n.min(config.metadata_session_timeout_ms)
+                }),
+            load_report_interval_ms: config.load_report_interval_ms,
+        },
+        store.clone(),
+        layout.clone(),
+        topics.clone(),
+        metrics.clone(),
+    );
+    topics.set_ownership(&ownership);
+    ownership.start();
+    let mut fatal = ownership.fatal_signal();
     let state = Arc::new(BrokerState {
         config,
         mode,
@@ -275,6 +309,7 @@ pub async fn run(
         store: store.clone(),
         client,
         topics: topics.clone(),
+        ownership: ownership.clone(),
         metrics,
         registry,
         cluster_name: cluster.name.clone(),
@@ -322,13 +357,29 @@ pub async fn run(
 
     let accept = accept_loop(state.clone(), broker_listener);
     tokio::pin!(accept);
+    let mut expired = false;
     tokio::select! {
-        _ = shutdown => info!("shutting down: closing topics"),
+        _ = shutdown => info!("shutting down: releasing bundles, closing topics"),
         r = &mut accept => warn!(result = ?r, "accept loop ended"),
+        _ = fatal.wait_for(|f| *f) => {
+            expired = true;
+            warn!("metadata session expired: shutting down");
+        }
     }
     state.serving.store(false, Ordering::Release);
+    // Bundles first (clients are told to reconnect while this broker still
+    // answers their lookups with "being unloaded"), then the rest.
+    if tokio::time::timeout(Duration::from_millis(DRAIN_TIMEOUT_MS), ownership.drain())
+        .await
+        .is_err()
+    {
+        warn!(
+            "releasing bundles took longer than {DRAIN_TIMEOUT_MS} ms; the rest go with the session"
+        );
+    }
     state.shutdown.send_replace(true);
     topics.close_all().await;
+    ownership.stop();
     if let Err(e) = store.delete(&reg_path, Expected::Any).await {
         warn!(error = %e, "deregistering the broker");
     }
@@ -339,6 +390,11 @@ pub async fn run(
         Err(_) => warn!("HTTP server did not stop in 5 s"),
     }
     info!("broker stopped");
+    if expired {
+        return Err(BrokerError::Metadata(
+            "the metadata session expired; ownership was given up".into(),
+        ));
+    }
     Ok(())
 }
 

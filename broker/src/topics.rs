@@ -12,10 +12,14 @@
 //!   failed) is unloaded: its producers and consumers are told to close
 //!   (CLOSE_PRODUCER / CLOSE_CONSUMER, G13) and the next use loads it again;
 //! - each loaded topic runs its periodic work (cursor snapshots, trimming)
-//!   every `topic_tick_interval_ms` until unloaded.
+//!   every `topic_tick_interval_ms` until unloaded;
+//! - once an [`Ownership`] is attached ([`Topics::set_ownership`], cluster
+//!   mode), a topic is loaded only if this broker owns its bundle (else
+//!   `ServiceNotReady`): loading opens the managed ledger, which would fence
+//!   the real owner (invariant 5).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use cms_bookie::client::driver::LedgerClient;
@@ -27,6 +31,7 @@ use tracing::{info, warn};
 use crate::managed_ledger::io::managed_ledger::node_path;
 use crate::managed_ledger::io::{EntryCache, ManagedLedger, ManagedLedgerConfig, MlError};
 use crate::metrics::BrokerMetrics;
+use crate::ownership::Ownership;
 use crate::producers::{
     AddOutcome, Grant, ProducerKey, ProducerRefusal, ProducerRequest, Producers,
 };
@@ -199,6 +204,7 @@ pub struct Topics {
     ctx: TopicContext,
     slots: Mutex<HashMap<TopicName, Arc<OnceCell<Arc<Topic>>>>>,
     shutting_down: std::sync::atomic::AtomicBool,
+    ownership: OnceLock<Weak<Ownership>>,
 }
 
 impl std::fmt::Debug for Topics {
@@ -214,7 +220,13 @@ impl Topics {
             ctx,
             slots: Mutex::new(HashMap::new()),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            ownership: OnceLock::new(),
         })
+    }
+
+    /// Attaches the ownership gate (once; later calls are ignored).
+    pub fn set_ownership(&self, ownership: &Arc<Ownership>) {
+        let _ = self.ownership.set(Arc::downgrade(ownership));
     }
 
     /// The context (store, layout, ...).
@@ -255,6 +267,11 @@ impl Topics {
             return Err(TopicError::ServiceNotReady(
                 "broker is shutting down".into(),
             ));
+        }
+        if let Some(o) = self.ownership.get().and_then(Weak::upgrade) {
+            o.check_owned(name)
+                .await
+                .map_err(TopicError::ServiceNotReady)?;
         }
         let cell = {
             let mut slots = lock(&self.slots);

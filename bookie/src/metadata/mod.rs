@@ -382,6 +382,13 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// The session id (ephemeral owner) of this handle.
     fn session_id(&self) -> i64;
 
+    /// The session timeout the server granted, in milliseconds, for backends
+    /// with one (ZooKeeper); `None` when sessions cannot expire (embedded).
+    /// Lease holders count their safe window from it (ownership: 2/3 of it).
+    fn negotiated_session_timeout_ms(&self) -> Option<u64> {
+        None
+    }
+
     /// Ends the session: its ephemeral nodes are deleted, its watches end, and
     /// every later call fails with [`MetadataError::Closed`].
     async fn close(&self);

@@ -91,6 +91,8 @@ pub struct ZkStore {
     state: Arc<tokio_watch::Sender<SessionState>>,
     /// Set once the owner closed (or dropped) the handle.
     closed_by_owner: Arc<AtomicBool>,
+    /// The session timeout the server granted, in milliseconds.
+    negotiated_session_timeout_ms: u64,
 }
 
 impl fmt::Debug for ZkStore {
@@ -200,6 +202,7 @@ impl ZkStore {
         };
 
         let session = client.session().clone();
+        let negotiated_session_timeout_ms = client.session_timeout().as_millis() as u64;
         let zk_states = client.state_watcher();
         let initial = convert::session_state(zk_states.peek_state(), false);
         let (state_tx, _) = tokio_watch::channel(initial);
@@ -226,6 +229,7 @@ impl ZkStore {
             opts: opts.clone(),
             state,
             closed_by_owner,
+            negotiated_session_timeout_ms,
         })
     }
 
@@ -446,6 +450,10 @@ impl MetadataStore for ZkStore {
 
     fn session_id(&self) -> i64 {
         self.session.id().0
+    }
+
+    fn negotiated_session_timeout_ms(&self) -> Option<u64> {
+        Some(self.negotiated_session_timeout_ms)
     }
 
     async fn close(&self) {

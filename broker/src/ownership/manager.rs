@@ -1,0 +1,1029 @@
+//! The ownership manager (I/O): which namespace bundles this broker owns,
+//! lookups (connect / redirect / take ownership), the session-liveness
+//! watchdog, load reports, bundle unload and draining on shutdown.
+//!
+//! Promises (cluster mode; in standalone the broker owns everything and
+//! every check passes):
+//! - this broker serves a topic (PRODUCER, SUBSCRIBE) only while it holds
+//!   the ephemeral node `/cms/ownership/<tenant>/<ns>/<bundle range>` for the
+//!   topic's bundle *and* its session is fresh (a reply from the metadata
+//!   store within 2/3 of the session timeout, [`LivenessClock`]);
+//! - when the session goes stale or expires, every owned bundle is dropped
+//!   and its topics unloaded (producers and consumers get CLOSE_PRODUCER /
+//!   CLOSE_CONSUMER, G13); an expired session also fires
+//!   [`Ownership::fatal_signal`] (the broker then shuts down, as Pulsar's
+//!   default `zookeeperSessionExpiredPolicy=shutdown`);
+//! - a lookup never answers Connect for a bundle another live session
+//!   holds: it redirects (authoritative, G10) to the owner's advertised URL;
+//!   an unowned bundle goes to the least-loaded live broker
+//!   ([`super::load::choose_broker`]); the chosen broker creates the node
+//!   (NodeExists: someone else won, re-read and redirect);
+//! - safety does not rest on these timings: a new owner opens the topic's
+//!   managed ledger, which fences the old owner's ledgers before the first
+//!   publish (invariant 5), so a late old owner can only fail;
+//! - unload / drain: the bundle is marked unloading (lookups answer
+//!   ServiceNotReady "is being unloaded", which clients retry), its topics
+//!   are closed cleanly (cursors persisted, CLOSE_PRODUCER / CLOSE_CONSUMER),
+//!   then the node is deleted so the next lookup places it elsewhere.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cms_bookie::metadata::layout::Layout;
+use cms_bookie::metadata::{
+    CreateMode, Expected, MetadataError, MetadataStore, SessionState, join,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
+
+use super::bundles::{BundleRange, Bundles};
+use super::liveness::LivenessClock;
+use super::load::{
+    CLOCK_TICKS_PER_SEC, Candidate, LoadReport, Registration, choose_broker, sample_process,
+};
+use crate::metrics::BrokerMetrics;
+use crate::topic_name::TopicName;
+use crate::topics::Topics;
+
+/// Watchdog period bound, in milliseconds (it also scales with the timeout).
+const WATCHDOG_PERIOD_MS_MAX: u64 = 100;
+
+/// How long a reachability probe of another broker may take, in milliseconds.
+const REACHABLE_PROBE_TIMEOUT_MS: u64 = 500;
+/// Poll period while waiting for a dead owner's node to expire, in milliseconds.
+const OWNER_GONE_POLL_MS: u64 = 100;
+
+/// Whether `pulsar://host:port` accepts a TCP connection. Only a refused or
+/// failed connection counts as unreachable; a timeout (a stopped process
+/// still completes handshakes from its backlog, or a slow network) counts as
+/// reachable, since it proves nothing.
+async fn reachable(service_url: &str) -> bool {
+    let Some(addr) = service_url.strip_prefix("pulsar://") else {
+        return true;
+    };
+    let addr = addr.trim_end_matches('/').to_string();
+    match tokio::time::timeout(
+        Duration::from_millis(REACHABLE_PROBE_TIMEOUT_MS),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    {
+        Ok(Ok(_)) | Err(_) => true,
+        Ok(Err(_)) => false,
+    }
+}
+
+/// Why an ownership operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnershipError {
+    /// The metadata store failed; the answer is unknown.
+    #[error("metadata store: {0}")]
+    Metadata(String),
+    /// The namespace's `bundles` policy is unusable.
+    #[error("namespace {namespace}: bad bundles policy: {reason}")]
+    BadPolicy {
+        /// `tenant/ns`.
+        namespace: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The namespace does not exist.
+    #[error("namespace {0} does not exist")]
+    NoNamespace(String),
+    /// No broker can serve the bundle now (retry later).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<MetadataError> for OwnershipError {
+    fn from(e: MetadataError) -> Self {
+        OwnershipError::Metadata(e.to_string())
+    }
+}
+
+/// A bundle of a namespace: `tenant/ns/0x.._0x..`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BundleKey {
+    /// Tenant.
+    pub tenant: String,
+    /// Namespace (local name).
+    pub namespace: String,
+    /// Hash range.
+    pub range: BundleRange,
+}
+
+impl std::fmt::Display for BundleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.tenant, self.namespace, self.range)
+    }
+}
+
+/// What an ownership node holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OwnerRecord {
+    /// The owner's registration node name.
+    pub broker_id: String,
+    /// Its advertised `pulsar://` URL.
+    pub service_url: String,
+    /// Its advertised `http://` URL.
+    pub http_url: String,
+}
+
+/// The answer to a lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupAnswer {
+    /// This broker serves the topic.
+    Connect,
+    /// Ask that broker (authoritative).
+    Redirect {
+        /// `pulsar://` URL.
+        service_url: String,
+        /// `http://` URL.
+        http_url: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BundleState {
+    Owned,
+    Unloading,
+}
+
+/// Static settings of the manager.
+#[derive(Debug, Clone)]
+pub struct OwnershipConfig {
+    /// False in standalone: this broker owns everything.
+    pub enabled: bool,
+    /// The registration node name (`<host:port>-<n>`), the broker's id.
+    pub broker_id: String,
+    /// Full path of the registration node.
+    pub registration_path: String,
+    /// Advertised `pulsar://` URL.
+    pub service_url: String,
+    /// Advertised `http://` URL.
+    pub http_url: String,
+    /// Cluster name (in the registration).
+    pub cluster: String,
+    /// Metadata session timeout, in milliseconds.
+    pub session_timeout_ms: u64,
+    /// Period of load reports, in milliseconds.
+    pub load_report_interval_ms: u64,
+}
+
+/// Bundle ownership of this broker.
+pub struct Ownership {
+    cfg: OwnershipConfig,
+    store: Arc<dyn MetadataStore>,
+    layout: Layout,
+    topics: Arc<Topics>,
+    metrics: BrokerMetrics,
+    clock: Mutex<LivenessClock>,
+    owned: Mutex<HashMap<BundleKey, BundleState>>,
+    namespaces: Mutex<HashMap<String, Bundles>>,
+    draining: AtomicBool,
+    fatal: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+    report_now: Notify,
+}
+
+impl std::fmt::Debug for Ownership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ownership")
+            .field("broker_id", &self.cfg.broker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn not_owned_message(key: &BundleKey) -> String {
+    // "is being unloaded" keeps the client's connection open and makes it
+    // look the topic up again (G7).
+    format!(
+        "Namespace bundle {key} is being unloaded or is owned by another broker; look it up again"
+    )
+}
+
+impl Ownership {
+    /// A manager; call [`Ownership::start`] to run its background tasks.
+    pub fn new(
+        cfg: OwnershipConfig,
+        store: Arc<dyn MetadataStore>,
+        layout: Layout,
+        topics: Arc<Topics>,
+        metrics: BrokerMetrics,
+    ) -> Arc<Self> {
+        let timeout = Duration::from_millis(cfg.session_timeout_ms.max(1));
+        let mut clock = LivenessClock::new(timeout);
+        // The session was just used to register: it is fresh now.
+        clock.heard(Instant::now());
+        Arc::new(Self {
+            cfg,
+            store,
+            layout,
+            topics,
+            metrics,
+            clock: Mutex::new(clock),
+            owned: Mutex::new(HashMap::new()),
+            namespaces: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            fatal: watch::channel(false).0,
+            stop: watch::channel(false).0,
+            report_now: Notify::new(),
+        })
+    }
+
+    /// Whether ownership is enforced (cluster mode).
+    pub fn enabled(&self) -> bool {
+        self.cfg.enabled
+    }
+
+    /// This broker's id (registration node name).
+    pub fn broker_id(&self) -> &str {
+        &self.cfg.broker_id
+    }
+
+    /// Turns `true` when the metadata session expired (the broker must stop).
+    pub fn fatal_signal(&self) -> watch::Receiver<bool> {
+        self.fatal.subscribe()
+    }
+
+    /// Whether the metadata session can be trusted now.
+    pub fn is_fresh(&self) -> bool {
+        !self.cfg.enabled || lock(&self.clock).is_fresh(Instant::now())
+    }
+
+    /// Bundles owned now (sorted).
+    pub fn owned_bundles(&self) -> Vec<BundleKey> {
+        let mut v: Vec<BundleKey> = lock(&self.owned)
+            .iter()
+            .filter(|(_, s)| **s == BundleState::Owned)
+            .map(|(k, _)| k.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Path of a bundle's ownership node.
+    pub fn node_path(&self, key: &BundleKey) -> String {
+        join(
+            &join(&join(&self.layout.ownership(), &key.tenant), &key.namespace),
+            &key.range.to_string(),
+        )
+    }
+
+    /// The bundles of namespace `tenant/ns` (policy `bundles`, default 4),
+    /// cached after the first read (bundle splits are not built yet, so a
+    /// namespace's bundles never change while it exists).
+    pub async fn bundles(&self, tenant: &str, namespace: &str) -> Result<Bundles, OwnershipError> {
+        let ns = format!("{tenant}/{namespace}");
+        if let Some(b) = lock(&self.namespaces).get(&ns) {
+            return Ok(b.clone());
+        }
+        let path = crate::tenancy::namespace_path(&self.layout, tenant, namespace);
+        let data = match self.store.get(&path).await {
+            Ok((data, _)) => data,
+            Err(MetadataError::NoNode(_)) => return Err(OwnershipError::NoNamespace(ns)),
+            Err(e) => return Err(e.into()),
+        };
+        let bundles = parse_bundles_policy(&data).map_err(|reason| OwnershipError::BadPolicy {
+            namespace: ns.clone(),
+            reason,
+        })?;
+        lock(&self.namespaces).insert(ns, bundles.clone());
+        Ok(bundles)
+    }
+
+    /// The bundle holding `topic`.
+    pub async fn bundle_of(&self, topic: &TopicName) -> Result<BundleKey, OwnershipError> {
+        let b = self.bundles(&topic.tenant, &topic.namespace).await?;
+        Ok(BundleKey {
+            tenant: topic.tenant.clone(),
+            namespace: topic.namespace.clone(),
+            range: b.bundle_of_topic(&topic.to_string()),
+        })
+    }
+
+    /// Ok if this broker may serve `topic` now; else the ServiceNotReady
+    /// message for the client.
+    pub async fn check_owned(&self, topic: &TopicName) -> Result<(), String> {
+        if !self.cfg.enabled {
+            return Ok(());
+        }
+        let key = self.bundle_of(topic).await.map_err(|e| e.to_string())?;
+        if !self.is_fresh() {
+            return Err(format!(
+                "{}: the broker lost contact with the metadata store",
+                not_owned_message(&key)
+            ));
+        }
+        match lock(&self.owned).get(&key) {
+            Some(BundleState::Owned) => Ok(()),
+            _ => Err(not_owned_message(&key)),
+        }
+    }
+
+    /// Answers a LOOKUP for `topic`. `authoritative`: the client was sent
+    /// here by another broker's redirect, so take an unowned bundle instead
+    /// of choosing again.
+    pub async fn lookup(
+        &self,
+        topic: &TopicName,
+        authoritative: bool,
+    ) -> Result<LookupAnswer, OwnershipError> {
+        if !self.cfg.enabled {
+            return Ok(LookupAnswer::Connect);
+        }
+        let key = self.bundle_of(topic).await?;
+        match lock(&self.owned).get(&key) {
+            Some(BundleState::Owned) if self.is_fresh() => return Ok(LookupAnswer::Connect),
+            Some(BundleState::Unloading) => {
+                return Err(OwnershipError::Unavailable(format!(
+                    "Namespace bundle {key} is being unloaded"
+                )));
+            }
+            _ => {}
+        }
+        if !self.is_fresh() {
+            return Err(OwnershipError::Unavailable(format!(
+                "Namespace bundle {key} is being unloaded: the broker lost contact with the metadata store"
+            )));
+        }
+        let path = self.node_path(&key);
+        // Bounded: read, maybe create, re-read once.
+        for _ in 0..3 {
+            match self.store.get(&path).await {
+                Ok((data, stat)) => {
+                    if stat.ephemeral_owner == self.store.session_id() {
+                        // Ours in the store (kept through a short stale
+                        // spell): serve it again.
+                        if self.draining.load(Ordering::Acquire) {
+                            return Err(OwnershipError::Unavailable(format!(
+                                "Namespace bundle {key} is being unloaded"
+                            )));
+                        }
+                        self.adopt(&key);
+                        return Ok(LookupAnswer::Connect);
+                    }
+                    let rec: OwnerRecord = serde_json::from_slice(&data).map_err(|e| {
+                        OwnershipError::Metadata(format!("ownership node {path}: {e}"))
+                    })?;
+                    if !reachable(&rec.service_url).await {
+                        // The owner's process is gone (connection refused)
+                        // but its session has not expired yet: wait for the
+                        // node to go rather than send the client to a dead
+                        // address (each failed attempt doubles its backoff).
+                        // A hint only: ownership still moves only when the
+                        // node is gone.
+                        if self.wait_gone(&path).await? {
+                            continue;
+                        }
+                    }
+                    return Ok(LookupAnswer::Redirect {
+                        service_url: rec.service_url,
+                        http_url: rec.http_url,
+                    });
+                }
+                Err(MetadataError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let me_draining = self.draining.load(Ordering::Acquire);
+            let take_it = if authoritative {
+                !me_draining
+            } else {
+                let mut candidates = self.candidates().await?;
+                // Skip brokers whose port refuses connections (dead, session
+                // not yet expired).
+                let mut live = Vec::with_capacity(candidates.len());
+                for c in candidates.drain(..) {
+                    if c.id == self.cfg.broker_id || reachable(&c.registration.service_url).await {
+                        live.push(c);
+                    }
+                }
+                let candidates = live;
+                match choose_broker(&key.to_string(), &candidates) {
+                    None => {
+                        return Err(OwnershipError::Unavailable(format!(
+                            "no live broker can own bundle {key}"
+                        )));
+                    }
+                    Some(c) if c.id == self.cfg.broker_id => !me_draining,
+                    Some(c) => {
+                        debug!(bundle = %key, to = %c.id, "placing bundle on another broker");
+                        return Ok(LookupAnswer::Redirect {
+                            service_url: c.registration.service_url.clone(),
+                            http_url: c.registration.web_service_url.clone(),
+                        });
+                    }
+                }
+            };
+            if !take_it {
+                return Err(OwnershipError::Unavailable(format!(
+                    "Namespace bundle {key} is being unloaded: this broker is shutting down"
+                )));
+            }
+            match self.acquire(&key, &path).await {
+                Ok(()) => return Ok(LookupAnswer::Connect),
+                Err(MetadataError::NodeExists(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OwnershipError::Unavailable(format!(
+            "Namespace bundle {key}: ownership is changing, retry"
+        )))
+    }
+
+    /// Waits (bounded by twice the session timeout: ZooKeeper expires a
+    /// session between one timeout and one timeout plus a tick after its
+    /// last contact, and a tick is at most half the timeout) for the node at
+    /// `path` to disappear; true if it did.
+    async fn wait_gone(&self, path: &str) -> Result<bool, OwnershipError> {
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.session_timeout_ms * 2);
+        while Instant::now() < deadline {
+            match self.store.exists(path).await {
+                Ok(None) | Err(MetadataError::NoNode(_)) => return Ok(true),
+                Ok(Some(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tokio::time::sleep(Duration::from_millis(OWNER_GONE_POLL_MS)).await;
+        }
+        Ok(false)
+    }
+
+    async fn acquire(&self, key: &BundleKey, path: &str) -> Result<(), MetadataError> {
+        let rec = OwnerRecord {
+            broker_id: self.cfg.broker_id.clone(),
+            service_url: self.cfg.service_url.clone(),
+            http_url: self.cfg.http_url.clone(),
+        };
+        let data = serde_json::to_vec(&rec).unwrap_or_default();
+        if let Some(parent) = cms_bookie::metadata::parent_of(path) {
+            self.store.create_all(parent).await?;
+        }
+        self.store
+            .create(path, &data, CreateMode::Ephemeral)
+            .await?;
+        self.adopt(key);
+        info!(tenant = %key.tenant, namespace = %key.namespace, bundle = %key.range, "took ownership of bundle");
+        Ok(())
+    }
+
+    fn adopt(&self, key: &BundleKey) {
+        lock(&self.owned).insert(key.clone(), BundleState::Owned);
+        self.report_now.notify_one();
+    }
+
+    /// Live brokers from `/cms/brokers`.
+    pub async fn candidates(&self) -> Result<Vec<Candidate>, OwnershipError> {
+        let dir = self.layout.brokers();
+        let names = self.store.children(&dir).await?;
+        let mut out = Vec::with_capacity(names.len());
+        for id in names {
+            match self.store.get(&join(&dir, &id)).await {
+                Ok((data, _)) => match serde_json::from_slice::<Registration>(&data) {
+                    Ok(registration) => out.push(Candidate { id, registration }),
+                    Err(e) => warn!(broker = %id, error = %e, "unreadable broker registration"),
+                },
+                Err(MetadataError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Unloads one bundle this broker owns: lookups answer "being unloaded",
+    /// its topics close (cursors persisted, clients told to reconnect), then
+    /// the node is released. `Ok(false)` if it was not owned here.
+    pub async fn unload_bundle(
+        &self,
+        key: &BundleKey,
+        reason: &str,
+    ) -> Result<bool, OwnershipError> {
+        {
+            let mut owned = lock(&self.owned);
+            match owned.get_mut(key) {
+                Some(s @ BundleState::Owned) => *s = BundleState::Unloading,
+                _ => return Ok(false),
+            }
+        }
+        info!(tenant = %key.tenant, namespace = %key.namespace, bundle = %key.range, reason, "unloading bundle");
+        self.unload_topics(std::slice::from_ref(key), reason).await;
+        let path = self.node_path(key);
+        let result = match self.store.exists(&path).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.store.session_id() => {
+                match self.store.delete(&path, Expected::Any).await {
+                    Ok(()) | Err(MetadataError::NoNode(_)) => Ok(true),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Ok(_) => Ok(true),
+            Err(e) => Err(e.into()),
+        };
+        lock(&self.owned).remove(key);
+        self.report_now.notify_one();
+        result
+    }
+
+    /// Unloads every bundle of namespace `tenant/ns` owned here; returns how
+    /// many were owned.
+    pub async fn unload_namespace(
+        &self,
+        tenant: &str,
+        namespace: &str,
+    ) -> Result<usize, OwnershipError> {
+        let keys: Vec<BundleKey> = self
+            .owned_bundles()
+            .into_iter()
+            .filter(|k| k.tenant == tenant && k.namespace == namespace)
+            .collect();
+        let mut n = 0;
+        for k in keys {
+            if self.unload_bundle(&k, "namespace unload").await? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Graceful shutdown: take no new bundles (the registration says
+    /// `draining`), then unload every owned bundle.
+    pub async fn drain(&self) {
+        if !self.cfg.enabled {
+            return;
+        }
+        self.draining.store(true, Ordering::Release);
+        if let Err(e) = self.write_registration(&mut LoadSampler::default()).await {
+            warn!(error = %e, "marking the broker as draining");
+        }
+        for key in self.owned_bundles() {
+            if let Err(e) = self.unload_bundle(&key, "broker shutting down").await {
+                warn!(bundle = %key, error = %e, "releasing bundle on shutdown");
+            }
+        }
+    }
+
+    /// Stops the background tasks.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    async fn unload_topics(&self, keys: &[BundleKey], reason: &str) {
+        for name in self.topics.loaded() {
+            let Ok(key) = self.bundle_of(&name).await else {
+                continue;
+            };
+            if keys.contains(&key)
+                && let Some(t) = self.topics.get_loaded(&name)
+            {
+                self.topics.unload(&t, reason).await;
+            }
+        }
+    }
+
+    /// Drops every bundle at once (session stale or expired): nothing is
+    /// served from them any more; the nodes are left to the session.
+    pub async fn lose_all(&self, reason: &str) {
+        let lost: Vec<BundleKey> = lock(&self.owned).drain().map(|(k, _)| k).collect();
+        if lost.is_empty() {
+            return;
+        }
+        warn!(bundles = lost.len(), reason, "giving up bundle ownership");
+        self.unload_topics(&lost, reason).await;
+    }
+
+    /// Starts the heartbeat, the watchdog and the load reports.
+    pub fn start(self: &Arc<Self>) {
+        if !self.cfg.enabled {
+            return;
+        }
+        tokio::spawn(heartbeat(self.clone()));
+        tokio::spawn(watchdog(self.clone()));
+        tokio::spawn(reporter(self.clone()));
+    }
+
+    async fn write_registration(&self, sampler: &mut LoadSampler) -> Result<(), MetadataError> {
+        let reg = Registration {
+            service_url: self.cfg.service_url.clone(),
+            web_service_url: self.cfg.http_url.clone(),
+            cluster: self.cfg.cluster.clone(),
+            draining: self.draining.load(Ordering::Acquire),
+            load: sampler.sample(self),
+        };
+        let data = serde_json::to_vec(&reg).unwrap_or_default();
+        self.store
+            .set(&self.cfg.registration_path, &data, Expected::Any)
+            .await
+            .map(|_| ())
+    }
+}
+
+/// The bundles of a namespace node's JSON (`bundles: {boundaries,
+/// numBundles}`, Pulsar's shape); empty or absent means the default.
+pub fn parse_bundles_policy(data: &[u8]) -> Result<Bundles, String> {
+    if data.is_empty() {
+        return Bundles::even(super::bundles::DEFAULT_BUNDLES).map_err(|e| e.to_string());
+    }
+    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| e.to_string())?;
+    let b = &v["bundles"];
+    if b.is_null() {
+        return Bundles::even(super::bundles::DEFAULT_BUNDLES).map_err(|e| e.to_string());
+    }
+    let boundaries: Option<Vec<String>> = match &b["boundaries"] {
+        serde_json::Value::Null => None,
+        serde_json::Value::Array(a) => Some(
+            a.iter()
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .ok_or("boundaries must be strings")
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => return Err("boundaries must be a list".into()),
+    };
+    let num = match &b["numBundles"] {
+        serde_json::Value::Null => None,
+        x => Some(x.as_u64().ok_or("numBundles must be a positive integer")?),
+    };
+    Bundles::from_policy(boundaries.as_deref(), num).map_err(|e| e.to_string())
+}
+
+/// Rates between two load samples.
+#[derive(Debug, Default)]
+struct LoadSampler {
+    last: Option<(Instant, u64, u64, u64)>,
+    cpu_percent: f64,
+    rate_in: f64,
+    rate_out: f64,
+}
+
+impl LoadSampler {
+    fn sample(&mut self, o: &Ownership) -> LoadReport {
+        let now = Instant::now();
+        let msgs_in = o.metrics.messages_in.get();
+        let msgs_out = o.metrics.messages_out.get();
+        let proc = sample_process();
+        let ticks = proc.map(|p| p.0).unwrap_or(0);
+        if let Some((t0, in0, out0, ticks0)) = self.last {
+            let dt = now.duration_since(t0).as_secs_f64();
+            if dt > 0.05 {
+                self.rate_in = msgs_in.saturating_sub(in0) as f64 / dt;
+                self.rate_out = msgs_out.saturating_sub(out0) as f64 / dt;
+                self.cpu_percent =
+                    ticks.saturating_sub(ticks0) as f64 / CLOCK_TICKS_PER_SEC / dt * 100.0;
+            }
+        }
+        if self
+            .last
+            .is_none_or(|(t0, ..)| now.duration_since(t0).as_millis() > 50)
+        {
+            self.last = Some((now, msgs_in, msgs_out, ticks));
+        }
+        LoadReport {
+            bundles: o.owned_bundles().len() as u64,
+            topics: o.topics.loaded().len() as u64,
+            connections: o.metrics.connections.get().max(0) as u64,
+            msg_rate_in: self.rate_in,
+            msg_rate_out: self.rate_out,
+            cpu_percent: self.cpu_percent,
+            memory_mib: proc.map(|p| p.1).unwrap_or(0.0),
+            timestamp_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        }
+    }
+}
+
+async fn wait_stop(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Sends a cheap request regularly; a reply moves "last heard" to the
+/// instant it was sent.
+async fn heartbeat(o: Arc<Ownership>) {
+    let timeout = Duration::from_millis(o.cfg.session_timeout_ms.max(1));
+    let period = (timeout / 10).max(Duration::from_millis(20));
+    let mut stop = o.stop.subscribe();
+    let root = o.layout.root().to_string();
+    loop {
+        let sent = Instant::now();
+        let probe = tokio::time::timeout(timeout, o.store.exists(&root));
+        tokio::select! {
+            r = probe => {
+                if let Ok(Ok(_)) = r {
+                    lock(&o.clock).heard(sent);
+                }
+            }
+            _ = wait_stop(&mut stop) => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until((sent + period).into()) => {}
+            _ = wait_stop(&mut stop) => return,
+        }
+    }
+}
+
+/// Gives up every bundle when the session goes stale or expires.
+async fn watchdog(o: Arc<Ownership>) {
+    let period =
+        Duration::from_millis((o.cfg.session_timeout_ms / 40).clamp(10, WATCHDOG_PERIOD_MS_MAX));
+    let mut stop = o.stop.subscribe();
+    let mut session = o.store.session_events();
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            r = session.changed() => {
+                let state = *session.borrow_and_update();
+                if r.is_err() || state == SessionState::Expired {
+                    lock(&o.clock).reset();
+                    o.lose_all("metadata session expired").await;
+                    warn!("metadata session expired: the broker stops");
+                    o.fatal.send_replace(true);
+                    return;
+                }
+                continue;
+            }
+            _ = wait_stop(&mut stop) => return,
+        }
+        let silence = {
+            let c = lock(&o.clock);
+            (!c.is_fresh(Instant::now())).then(|| c.silence(Instant::now()))
+        };
+        if let Some(silence) = silence
+            && !lock(&o.owned).is_empty()
+        {
+            let ms = silence.map(|d| d.as_millis()).unwrap_or(0);
+            o.lose_all(&format!(
+                "no reply from the metadata store for {ms} ms (over 2/3 of the {} ms session timeout)",
+                o.cfg.session_timeout_ms
+            ))
+            .await;
+        }
+    }
+}
+
+/// Rewrites the registration with a load report periodically and on
+/// ownership changes.
+async fn reporter(o: Arc<Ownership>) {
+    let period = Duration::from_millis(o.cfg.load_report_interval_ms.max(100));
+    let mut stop = o.stop.subscribe();
+    let mut sampler = LoadSampler::default();
+    loop {
+        if let Err(e) = o.write_registration(&mut sampler).await {
+            debug!(error = %e, "writing the load report");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = o.report_now.notified() => {}
+            _ = wait_stop(&mut stop) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cms_bookie::client::driver::{LedgerClient, LedgerClientOptions};
+    use cms_bookie::metadata::embedded::EmbeddedBackend;
+
+    use crate::managed_ledger::io::{EntryCache, ManagedLedgerConfig};
+    use crate::topics::TopicContext;
+
+    /// One simulated broker: its own session on a shared embedded store, a
+    /// registration and a listening port (so reachability probes succeed).
+    struct Node {
+        store: cms_bookie::metadata::embedded::EmbeddedStore,
+        own: Arc<Ownership>,
+        url: String,
+        _listener: tokio::net::TcpListener,
+    }
+
+    async fn node(backend: &Arc<EmbeddedBackend>, name: &str, enabled: bool) -> Node {
+        let layout = Layout::new("/cms").unwrap();
+        let session = backend.session();
+        let store: Arc<dyn MetadataStore> = Arc::new(session.clone());
+        crate::tenancy::init_cluster(&*store, &layout, "test")
+            .await
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("pulsar://{}", listener.local_addr().unwrap());
+        let registry = prometheus::Registry::new();
+        let metrics = BrokerMetrics::new(&registry).unwrap();
+        let client = LedgerClient::connect(
+            store.clone(),
+            layout.clone(),
+            LedgerClientOptions::default(),
+        )
+        .await
+        .unwrap();
+        let topics = Topics::new(TopicContext {
+            client,
+            store: store.clone(),
+            layout: layout.clone(),
+            ml_config: ManagedLedgerConfig::default(),
+            cache: EntryCache::new(1 << 20),
+            metrics: metrics.clone(),
+            allow_auto_topic_creation: true,
+            producers_per_topic_max: 10,
+            topics_loaded_max: 10,
+            tick_interval_ms: 1000,
+        });
+        store.create_all(&layout.brokers()).await.unwrap();
+        let reg = Registration {
+            service_url: url.clone(),
+            web_service_url: url.replace("pulsar", "http"),
+            cluster: "test".into(),
+            ..Registration::default()
+        };
+        let (reg_path, _) = store
+            .create(
+                &join(&layout.brokers(), &format!("{name}-")),
+                &serde_json::to_vec(&reg).unwrap(),
+                CreateMode::EphemeralSequential,
+            )
+            .await
+            .unwrap();
+        let own = Ownership::new(
+            OwnershipConfig {
+                enabled,
+                broker_id: reg_path.rsplit('/').next().unwrap().to_string(),
+                registration_path: reg_path,
+                service_url: url.clone(),
+                http_url: url.replace("pulsar", "http"),
+                cluster: "test".into(),
+                // Long: these tests do not run the heartbeat.
+                session_timeout_ms: 120_000,
+                load_report_interval_ms: 1000,
+            },
+            store,
+            layout,
+            topics,
+            metrics,
+        );
+        Node {
+            store: session,
+            own,
+            url,
+            _listener: listener,
+        }
+    }
+
+    fn topic(name: &str) -> TopicName {
+        TopicName::parse(name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn lookups_place_redirect_and_move_after_session_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = node(&backend, "x", true).await;
+        let y = node(&backend, "y", true).await;
+        let t = topic("persistent://public/default/placed");
+
+        // The first lookup places the bundle on one of the two brokers.
+        let (owner, other) = match x.own.lookup(&t, false).await.unwrap() {
+            LookupAnswer::Connect => (&x, &y),
+            LookupAnswer::Redirect { service_url, .. } => {
+                assert_eq!(service_url, y.url);
+                // Redirected clients ask authoritatively: y takes it.
+                assert_eq!(y.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
+                (&y, &x)
+            }
+        };
+        assert!(owner.own.check_owned(&t).await.is_ok());
+        assert!(
+            other
+                .own
+                .check_owned(&t)
+                .await
+                .unwrap_err()
+                .contains("is being unloaded")
+        );
+        // The other broker redirects to the owner, authoritative or not.
+        for auth in [false, true] {
+            assert_eq!(
+                other.own.lookup(&t, auth).await.unwrap(),
+                LookupAnswer::Redirect {
+                    service_url: owner.url.clone(),
+                    http_url: owner.url.replace("pulsar", "http"),
+                }
+            );
+        }
+        let key = owner.own.bundle_of(&t).await.unwrap();
+        assert_eq!(owner.own.owned_bundles(), vec![key.clone()]);
+        let (data, _) = owner.store.get(&owner.own.node_path(&key)).await.unwrap();
+        let rec: OwnerRecord = serde_json::from_slice(&data).unwrap();
+        assert_eq!(rec.service_url, owner.url);
+
+        // The owner's session ends: its node goes, the other broker takes it.
+        let mut session = owner.store.session_events();
+        owner.store.expire_session_for_test();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            session.wait_for(|s| *s == SessionState::Expired),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            other.own.lookup(&t, true).await.unwrap(),
+            LookupAnswer::Connect
+        );
+        assert!(other.own.check_owned(&t).await.is_ok());
+
+        // Unload releases the node; the bundle is no longer served here.
+        assert!(other.own.unload_bundle(&key, "test").await.unwrap());
+        assert!(other.own.check_owned(&t).await.is_err());
+        assert_eq!(
+            other
+                .store
+                .exists(&other.own.node_path(&key))
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(!other.own.unload_bundle(&key, "again").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_draining_broker_takes_no_bundle_and_standalone_owns_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = node(&backend, "x", true).await;
+        let y = node(&backend, "y", true).await;
+        x.own.drain().await;
+        // Every lookup through either broker ends on y.
+        for i in 0..8 {
+            let t = topic(&format!("persistent://public/default/d-{i}"));
+            match x.own.lookup(&t, false).await.unwrap() {
+                LookupAnswer::Redirect { service_url, .. } => assert_eq!(service_url, y.url),
+                LookupAnswer::Connect => panic!("a draining broker took {t}"),
+            }
+            // Even a redirected (authoritative) lookup does not make it
+            // take an unowned bundle.
+            match x.own.lookup(&t, true).await {
+                Err(OwnershipError::Unavailable(_)) => {}
+                Ok(LookupAnswer::Redirect { service_url, .. }) => assert_eq!(service_url, y.url),
+                other => panic!("a draining broker answered {other:?} for {t}"),
+            }
+            assert_eq!(
+                y.own.lookup(&t, false).await.unwrap(),
+                LookupAnswer::Connect
+            );
+        }
+        let s = node(&backend, "s", false).await;
+        let t = topic("persistent://public/default/d-0");
+        assert_eq!(
+            s.own.lookup(&t, false).await.unwrap(),
+            LookupAnswer::Connect
+        );
+        assert!(s.own.check_owned(&t).await.is_ok());
+        // A namespace that does not exist is an error, not a placement.
+        assert!(matches!(
+            y.own
+                .lookup(&topic("persistent://public/nope/t"), false)
+                .await,
+            Err(OwnershipError::NoNamespace(_))
+        ));
+    }
+
+    #[test]
+    fn bundles_policy_shapes() {
+        assert_eq!(parse_bundles_policy(b"").unwrap().ranges().len(), 4);
+        assert_eq!(parse_bundles_policy(b"{}").unwrap().ranges().len(), 4);
+        assert_eq!(
+            parse_bundles_policy(br#"{"bundles":{"numBundles":8}}"#)
+                .unwrap()
+                .ranges()
+                .len(),
+            8
+        );
+        let b = parse_bundles_policy(
+            br#"{"bundles":{"boundaries":["0x00000000","0x80000000","0xffffffff"],"numBundles":2}}"#,
+        )
+        .unwrap();
+        assert_eq!(b.ranges().len(), 2);
+        for bad in [
+            &br#"{"bundles":{"numBundles":0}}"#[..],
+            br#"{"bundles":{"numBundles":"x"}}"#,
+            br#"{"bundles":{"boundaries":"0x0"}}"#,
+            br#"{"bundles":{"boundaries":[1,2]}}"#,
+            b"not json",
+        ] {
+            assert!(
+                parse_bundles_policy(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}
