@@ -9,7 +9,9 @@
 //! JSON nodes; one file per resource.
 //!
 //! Promises: every failure answers JSON `{"reason": ...}` with 400 / 403 /
-//! 404 / 409 / 412 / 500 / 503, never a panic; request bodies are bounded
+//! 404 / 409 / 412 / 500 / 503, never a panic; a single-topic request to a
+//! broker that does not own the topic answers 307 to the same path on the
+//! owner; request bodies are bounded
 //! ([`ADMIN_BODY_BYTES_MAX`]); every metadata update is a read-modify-CAS on
 //! the node version, retried at most [`store::CAS_RETRIES_MAX`] times.
 
@@ -69,6 +71,10 @@ pub enum AdminError {
     /// A bug or corrupt stored data (500).
     #[error("{0}")]
     Internal(String),
+    /// Another broker owns the topic (307 to the same path there; the
+    /// value is that broker's `http://host:port`).
+    #[error("topic served by {0}")]
+    Redirect(String),
 }
 
 impl AdminError {
@@ -82,6 +88,7 @@ impl AdminError {
             AdminError::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             AdminError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AdminError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            AdminError::Redirect(_) => StatusCode::TEMPORARY_REDIRECT,
         }
     }
 }
@@ -103,9 +110,21 @@ impl From<MetadataError> for AdminError {
     }
 }
 
+/// Header carrying a redirect's target broker from the handler to the
+/// route layer, which completes `Location` with the request's path.
+const REDIRECT_BASE_HEADER: &str = "x-cms-redirect-base";
+
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let status = self.status();
+        if let AdminError::Redirect(base) = &self {
+            let mut resp =
+                json_response(status, &serde_json::json!({ "reason": self.to_string() }));
+            if let Ok(v) = axum::http::HeaderValue::from_str(base) {
+                resp.headers_mut().insert(REDIRECT_BASE_HEADER, v);
+            }
+            return resp;
+        }
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), reason = %self, "admin request failed");
         }
@@ -490,11 +509,25 @@ pub fn router(state: &Arc<BrokerState>) -> Router<Arc<BrokerState>> {
                 let counter = counter.clone();
                 async move {
                     let method = req.method().as_str().to_string();
+                    let path_and_query = req
+                        .uri()
+                        .path_and_query()
+                        .map_or_else(String::new, |p| p.as_str().to_string());
                     let route = req
                         .extensions()
                         .get::<axum::extract::MatchedPath>()
                         .map_or_else(String::new, |m| m.as_str().to_string());
-                    let resp = next.run(req).await;
+                    let mut resp = next.run(req).await;
+                    // A redirect to the owning broker: same path and query there.
+                    if let Some(base) = resp.headers_mut().remove(REDIRECT_BASE_HEADER)
+                        && let Ok(base) = base.to_str()
+                        && let Ok(loc) = axum::http::HeaderValue::from_str(&format!(
+                            "{}{path_and_query}",
+                            base.trim_end_matches('/')
+                        ))
+                    {
+                        resp.headers_mut().insert(axum::http::header::LOCATION, loc);
+                    }
                     if let Some(c) = &counter {
                         c.with_label_values(&[
                             method.as_str(),
@@ -553,6 +586,9 @@ mod tests {
         assert_eq!(AdminError::Conflict(String::new()).status(), 409);
         assert_eq!(AdminError::PreconditionFailed(String::new()).status(), 412);
         assert_eq!(AdminError::Unavailable(String::new()).status(), 503);
+        assert_eq!(AdminError::Redirect("http://b:8080".into()).status(), 307);
+        let r = AdminError::Redirect("http://b:8080".into()).into_response();
+        assert_eq!(r.headers()[REDIRECT_BASE_HEADER], "http://b:8080");
         assert_eq!(
             AdminError::from(MetadataError::NoNode("/x".into())).status(),
             404

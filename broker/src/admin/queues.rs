@@ -23,8 +23,8 @@ use tracing::{info, warn};
 
 use crate::admin::namespaces::read_policies;
 use crate::admin::topics::{
-    create_topic_node, delete_stored_topic, load, open_subscription, partitioned_error, stored,
-    sub_config,
+    create_topic_node, delete_stored_topic, load_here as load, open_subscription,
+    partitioned_error, stored, sub_config,
 };
 use crate::admin::{
     AdminError, AdminResult, Body, Params, QueryParams, St, names, no_content, ok_json, store,

@@ -33,6 +33,7 @@ use crate::managed_ledger::io::managed_ledger::node_path;
 use crate::managed_ledger::{
     InitialPosition, LedgerList, Position, PublishTimeSearch, SearchResult, SearchStep,
 };
+use crate::ownership::LookupAnswer;
 use crate::partitioned::{self, PartitionedError};
 use crate::service::BrokerState;
 use crate::subscription::{SubError, Subscription, SubscriptionConfig};
@@ -103,13 +104,31 @@ pub(crate) async fn stored(s: &BrokerState, t: &TopicName) -> Result<bool, Admin
     Ok(s.store.exists(&ml_path(s, t)?).await?.is_some())
 }
 
-/// The loaded topic, loading it if it is stored (never creates one).
+/// The loaded topic, loading it if it is stored (never creates one); a
+/// topic another broker owns answers [`AdminError::Redirect`] (307 there).
 pub(crate) async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
     persistent_only(t)?;
     if !stored(s, t).await? {
         return Err(AdminError::NotFound(format!("topic {t} does not exist")));
     }
+    match s.ownership.lookup(t, false).await {
+        Ok(LookupAnswer::Connect) => {}
+        Ok(LookupAnswer::Redirect { http_url, .. }) => return Err(AdminError::Redirect(http_url)),
+        Err(e) => return Err(AdminError::Unavailable(format!("ownership of {t}: {e}"))),
+    }
     s.topics.get_or_load(t, false).await.map_err(topic_error)
+}
+
+/// As [`load`], for requests that span several topics (they cannot be
+/// redirected as a whole): a topic owned elsewhere answers 503 naming the
+/// owner.
+pub(crate) async fn load_here(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
+    load(s, t).await.map_err(|e| match e {
+        AdminError::Redirect(owner) => {
+            AdminError::Unavailable(format!("{t} is served by {owner}; ask that broker"))
+        }
+        other => other,
+    })
 }
 
 fn partition_count_body(body: &Body) -> Result<u32, AdminError> {
@@ -453,7 +472,12 @@ pub async fn partitioned_stats(State(s): St, p: Params, q: QueryParams) -> Admin
         if !stored(&s, &part).await? {
             continue;
         }
-        let st = topic_stats(&s, &part).await?;
+        let st = topic_stats(&s, &part).await.map_err(|e| match e {
+            AdminError::Redirect(owner) => {
+                AdminError::Unavailable(format!("{part} is served by {owner}; ask that broker"))
+            }
+            other => other,
+        })?;
         merge_stats(&mut sum, &st);
         if per_partition {
             parts.insert(part.to_string(), st);
