@@ -331,7 +331,9 @@ pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
         )));
     }
     for topic in &stored {
-        topics::delete_stored_topic(&s, topic, true).await?;
+        topics::delete_stored_topic(&s, topic, true)
+            .await
+            .map_err(|e| topics::within_many(topic, e))?;
     }
     for q in &queues {
         match s

@@ -119,16 +119,22 @@ pub(crate) async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, A
     s.topics.get_or_load(t, false).await.map_err(topic_error)
 }
 
-/// As [`load`], for requests that span several topics (they cannot be
-/// redirected as a whole): a topic owned elsewhere answers 503 naming the
-/// owner.
-pub(crate) async fn load_here(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
-    load(s, t).await.map_err(|e| match e {
+/// A redirect of one topic inside a request spanning several topics
+/// becomes 503 naming the owner (the request cannot move as a whole).
+pub(crate) fn within_many(t: &TopicName, e: AdminError) -> AdminError {
+    match e {
         AdminError::Redirect(owner) => {
             AdminError::Unavailable(format!("{t} is served by {owner}; ask that broker"))
         }
         other => other,
-    })
+    }
+}
+
+/// As [`load`], for requests that span several topics (they cannot be
+/// redirected as a whole): a topic owned elsewhere answers 503 naming the
+/// owner.
+pub(crate) async fn load_here(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
+    load(s, t).await.map_err(|e| within_many(t, e))
 }
 
 fn partition_count_body(body: &Body) -> Result<u32, AdminError> {
@@ -308,7 +314,9 @@ pub async fn delete_partitioned(State(s): St, p: Params, q: QueryParams) -> Admi
     for i in 0..n {
         let part = partitioned::partition_name(&t, i);
         if stored(&s, &part).await? {
-            delete_stored_topic(&s, &part, force).await?;
+            delete_stored_topic(&s, &part, force)
+                .await
+                .map_err(|e| within_many(&part, e))?;
         }
     }
     partitioned::delete(&*s.store, &s.layout, &t)
@@ -472,12 +480,9 @@ pub async fn partitioned_stats(State(s): St, p: Params, q: QueryParams) -> Admin
         if !stored(&s, &part).await? {
             continue;
         }
-        let st = topic_stats(&s, &part).await.map_err(|e| match e {
-            AdminError::Redirect(owner) => {
-                AdminError::Unavailable(format!("{part} is served by {owner}; ask that broker"))
-            }
-            other => other,
-        })?;
+        let st = topic_stats(&s, &part)
+            .await
+            .map_err(|e| within_many(&part, e))?;
         merge_stats(&mut sum, &st);
         if per_partition {
             parts.insert(part.to_string(), st);
