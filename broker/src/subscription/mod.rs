@@ -24,8 +24,13 @@
 //! - opening a subscription object rewinds its cursor: every unacknowledged
 //!   entry is delivered again (at-least-once after a reconnect).
 //!
+//! - delayed delivery (Shared, Key_Shared): the read task gives the
+//!   dispatcher the wall clock and wakes when the earliest held entry is
+//!   due; held entries stay unacked in the cursor, so a reopened
+//!   subscription re-reads and holds them again.
+//!
 //! Not yet: Failover's `activeConsumerFailoverDelayTimeMillis` (the switch is
-//! immediate), delayed delivery, dispatch rate limits.
+//! immediate), dispatch rate limits.
 
 mod read_loop;
 mod types;
@@ -37,8 +42,8 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use types::{
-    ConsumerSpec, Delivery, KeyHasher, MessageCounter, StartPosition, SubError, SubscriptionConfig,
-    SubscriptionStats,
+    ConsumerSpec, DeliverAt, Delivery, KeyHasher, MessageCounter, StartPosition, SubError,
+    SubscriptionConfig, SubscriptionStats,
 };
 
 use crate::dispatch::{ConsumerId, ConsumerInfo, Dispatcher, Event};
