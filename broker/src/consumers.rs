@@ -279,10 +279,23 @@ pub(crate) async fn on_command(
                             .await
                             .map_err(|err| sub_error_reply(&err))
                     }
-                    (None, Some(_)) => Err((
-                        ServerError::NotAllowedError,
-                        "seek by publish time is not supported yet".to_string(),
-                    )),
+                    (None, Some(ts)) => e
+                        .sub
+                        .seek_publish_time(ts, |entry| {
+                            cms_client::proto::frame::parse_entry(entry)
+                                .ok()
+                                .map(|p| p.metadata.publish_time)
+                        })
+                        .await
+                        .map(|found| {
+                            debug!(
+                                consumer_id = c.consumer_id,
+                                publish_time = ts,
+                                ?found,
+                                "seek by publish time"
+                            );
+                        })
+                        .map_err(|err| sub_error_reply(&err)),
                     (None, None) => Err((
                         ServerError::NotAllowedError,
                         "SEEK needs a message id".to_string(),
@@ -291,12 +304,17 @@ pub(crate) async fn on_command(
             };
             match reply {
                 Ok(()) => {
-                    conn.send(commands::success(c.request_id)).await;
                     // As Pulsar does: the seeking consumer is disconnected
-                    // and subscribes again (pulsar-client-cpp drops what
-                    // arrives between the seek and its reconnection).
-                    remove_consumer(conn, c.consumer_id).await;
+                    // (before the seek is answered, so the client takes the
+                    // answer during its reconnection and resubscribes from
+                    // the seek target; pulsar-client-cpp drops what arrives
+                    // between the seek and its reconnection). A reader's
+                    // subscription is kept for its resubscribe, which finds
+                    // the moved cursor (Pulsar's
+                    // `removeConsumer(.., isResetCursor)`).
+                    detach_for_seek(conn, c.consumer_id).await;
                     conn.send(commands::close_consumer(c.consumer_id, 0)).await;
+                    conn.send(commands::success(c.request_id)).await;
                 }
                 Err(r) => conn.send_error(c.request_id, r).await,
             }
@@ -489,6 +507,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         Some(Ok(command_subscribe::InitialPosition::Earliest)) => InitialPosition::Earliest,
         _ => InitialPosition::Latest,
     };
+    debug!(durable = ?c.durable, start = ?c.start_message_id, subscription = %c.subscription, "SUBSCRIBE start position");
     let open_as = if c.durable.unwrap_or(true) {
         OpenAs::Durable(initial)
     } else {
@@ -654,6 +673,34 @@ async fn remove_consumer(conn: &mut Conn, consumer_id: u64) {
     }
     e.topic.subscriptions.consumer_left(&e.sub).await;
     debug!(consumer_id, "consumer closed");
+}
+
+/// After a SEEK: the consumer leaves its subscription, but a reader's
+/// subscription (non-durable: its moved cursor is all there is) stays open
+/// for the client's resubscribe, for at most
+/// [`crate::subscriptions::SEEK_RESUBSCRIBE_GRACE_MS`] without a consumer.
+async fn detach_for_seek(conn: &mut Conn, consumer_id: u64) {
+    let Some(e) = conn.consumers.by_id.remove(&consumer_id) else {
+        return;
+    };
+    conn.state.metrics.consumers.dec();
+    if let Err(err) = e.sub.remove_consumer(e.id) {
+        debug!(consumer_id, error = %err, "removing the consumer");
+    }
+    if e.sub.is_durable() {
+        e.topic.subscriptions.consumer_left(&e.sub).await;
+    } else {
+        let topic = e.topic.clone();
+        let sub = e.sub.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(
+                crate::subscriptions::SEEK_RESUBSCRIBE_GRACE_MS,
+            ))
+            .await;
+            topic.subscriptions.consumer_left(&sub).await;
+        });
+    }
+    debug!(consumer_id, "consumer detached for seek");
 }
 
 /// The broker closed a consumer (its topic unloaded): forget it, tell the client.

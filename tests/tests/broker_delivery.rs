@@ -2,7 +2,8 @@
 //! `pulsar-client` 3.13 against `cms-broker standalone`, through the scripts
 //! of `tests/python/compat` (each prints one JSON verdict line): delayed
 //! delivery (`deliver_after` / `deliver_at`, honoured on Shared only, held
-//! across a broker restart).
+//! across a broker restart); seek by publish time on consumers and readers;
+//! chunked messages larger than the broker's max message size.
 //!
 //! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
 //! without one the tests fail naming the install command.
@@ -51,6 +52,32 @@ async fn delayed_messages_arrive_no_earlier_than_asked_and_survive_a_restart() {
         "delayed_delivery.py",
         &topic,
         &["--phase=receive".into()],
+    )
+    .await
+    .assert_ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seek_by_publish_time_on_consumers_and_readers() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    case(&broker.service_url(), "seek_time.py", "seek-time", &[])
+        .await
+        .assert_ok();
+}
+
+/// The broker's max message size in the chunking case (small, so the
+/// chunked messages stay small too).
+const CHUNK_CASE_MESSAGE_BYTES_MAX: usize = 100 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_messages_larger_than_the_max_size_are_reassembled() {
+    let flag = format!("--message-bytes-max={CHUNK_CASE_MESSAGE_BYTES_MAX}");
+    let broker = BrokerNode::start_standalone(&[flag.as_str()]).await;
+    case(
+        &broker.service_url(),
+        "chunked.py",
+        "chunked",
+        &[format!("--max-bytes={CHUNK_CASE_MESSAGE_BYTES_MAX}")],
     )
     .await
     .assert_ok();

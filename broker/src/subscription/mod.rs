@@ -166,6 +166,11 @@ impl Subscription {
         Self { inner }
     }
 
+    /// Whether `other` is a clone of this very subscription object.
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The subscription name.
     pub fn name(&self) -> &str {
         &self.inner.name
