@@ -213,13 +213,26 @@ pub(crate) async fn on_command(
                     format!("consumer {} not found", c.consumer_id),
                 )),
                 Some(e) => {
-                    // A partial batch (ack_set) never acknowledges the entry.
+                    // A partial batch (ack_set) never acknowledges the entry
+                    // cumulatively; individually it is a batch-index ack.
                     let positions: Vec<Position> = c
                         .message_id
                         .iter()
                         .filter(|m| m.ack_set.is_empty())
                         .map(position_of)
                         .collect();
+                    let mut batch_err = None;
+                    if c.ack_type != AckType::Cumulative as i32 {
+                        for m in c.message_id.iter().filter(|m| !m.ack_set.is_empty()) {
+                            if let Err(err) = e
+                                .sub
+                                .ack_batch_index(e.id, position_of(m), &m.ack_set)
+                                .await
+                            {
+                                batch_err.get_or_insert(err);
+                            }
+                        }
+                    }
                     let r = if c.ack_type == AckType::Cumulative as i32 {
                         match positions.last() {
                             Some(p) => e.sub.ack_cumulative(e.id, *p).await,
@@ -227,6 +240,10 @@ pub(crate) async fn on_command(
                         }
                     } else {
                         e.sub.ack_individual(e.id, &positions).await
+                    };
+                    let r = match batch_err {
+                        Some(err) if r.is_ok() => Err(err),
+                        _ => r,
                     };
                     r.map_err(|err| sub_error_reply(&err))
                 }
@@ -631,8 +648,19 @@ async fn forward(
                 position,
                 redelivery_count,
                 entry,
+                ack_set,
                 ..
             } => {
+                let mut command = commands::message(
+                    consumer_id,
+                    position.ledger_id,
+                    position.entry_id as u64,
+                    redelivery_count,
+                );
+                if let Some(m) = command.message.as_mut() {
+                    // Batch-index acks: the client skips the acked messages.
+                    m.ack_set = ack_set;
+                }
                 state
                     .metrics
                     .messages_out
@@ -642,12 +670,7 @@ async fn forward(
                     .bytes_out
                     .inc_by(u64::try_from(entry.len()).unwrap_or(u64::MAX));
                 Frame::Payload(PayloadFrame {
-                    command: commands::message(
-                        consumer_id,
-                        position.ledger_id,
-                        position.entry_id as u64,
-                        redelivery_count,
-                    ),
+                    command,
                     broker_entry_metadata: None,
                     checksum: ChecksumState::Valid,
                     entry,

@@ -2,7 +2,9 @@
 //! `pulsar-client` 3.13 against `cms-broker standalone`, through the scripts
 //! of `tests/python/compat` (each prints one JSON verdict line): delayed
 //! delivery (`deliver_after` / `deliver_at`, honoured on Shared only, held
-//! across a broker restart); seek by publish time on consumers and readers;
+//! across a broker restart); batch-index acks (only the unacked messages of
+//! a batch come back, also after a restart); seek by publish time on
+//! consumers and readers;
 //! chunked messages larger than the broker's max message size.
 //!
 //! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
@@ -81,4 +83,29 @@ async fn chunked_messages_larger_than_the_max_size_are_reassembled() {
     )
     .await
     .assert_ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_index_acks_redeliver_only_the_unacked_messages_of_a_batch() {
+    let mut broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    case(&url, "batch_index_ack.py", "batch-index", &[])
+        .await
+        .assert_ok();
+
+    // The acked indexes are in the cursor snapshot: they survive a restart.
+    let topic = unique_topic("batch-index-restart");
+    run_on(
+        &url,
+        "batch_index_ack.py",
+        &topic,
+        &["--phase=first".into()],
+    )
+    .await
+    .assert_ok();
+    broker.restart().await;
+    let url = broker.service_url();
+    run_on(&url, "batch_index_ack.py", &topic, &["--phase=rest".into()])
+        .await
+        .assert_ok();
 }

@@ -264,6 +264,28 @@ impl Subscription {
         first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 
+    /// A batch-index ack: some messages of the batch entry at `position`
+    /// (`ack_set`: Pulsar's bit set, 1 = left unacked). When none is left
+    /// the entry is acked like [`Self::ack_individual`].
+    pub async fn ack_batch_index(
+        &self,
+        id: ConsumerId,
+        position: Position,
+        ack_set: &[i64],
+    ) -> Result<(), SubError> {
+        if !self.state()?.d.has_consumer(id) {
+            return Err(crate::dispatch::DispatchError::UnknownConsumer(id).into());
+        }
+        self.inner.cursor.ack_batch_index(position, ack_set).await?;
+        if self.inner.cursor.is_acked(position)? {
+            let mut st = lock(&self.inner.state);
+            let _ = st.d.ack(id, &[position]);
+            drop(st);
+            self.inner.wake.notify_one();
+        }
+        Ok(())
+    }
+
     /// A cumulative ack up to `position` (refused on Shared).
     pub async fn ack_cumulative(&self, id: ConsumerId, position: Position) -> Result<(), SubError> {
         {

@@ -195,7 +195,7 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
         .into_iter()
         .map(|e| ReadEntry {
             position: e.position,
-            messages: (inner.counter)(&e.payload),
+            messages: messages_left(inner, e.position, &e.payload),
             key_hash: inner.config.key_hasher.hash(&e.payload),
             deliver_at_ms: inner.config.deliver_at.deliver_at_ms(&e.payload),
             payload: e.payload,
@@ -220,6 +220,12 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
             position: s.position,
             redelivery_count: s.redelivery_count,
             entry: s.payload.clone(),
+            ack_set: inner
+                .cursor
+                .batch_unacked(s.position)
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
         };
         match sink.try_send(d) {
             Ok(()) => {}
@@ -238,6 +244,20 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
     for id in gone {
         debug!(topic = %inner.topic, subscription = %inner.name, consumer = %id, "consumer sink closed; detaching");
         let _ = detach(&mut st, id);
+    }
+}
+
+/// The messages of an entry still to deliver: a batch with batch-index
+/// acks counts only its unacked messages (the permits of the acked ones are
+/// not taken, pulsar.md G11).
+fn messages_left(inner: &Inner, position: Position, payload: &[u8]) -> u32 {
+    let all = (inner.counter)(payload);
+    match inner.cursor.batch_unacked(position) {
+        Ok(Some(bits)) => {
+            let left: u32 = bits.iter().map(|w| w.count_ones()).sum();
+            all.min(left).max(1)
+        }
+        _ => all,
     }
 }
 

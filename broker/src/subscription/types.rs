@@ -127,6 +127,10 @@ pub enum Delivery {
         redelivery_count: u32,
         /// The stored entry bytes, untouched.
         entry: Bytes,
+        /// Batch-index acks: the bit set (1 = unacked) of the batch's
+        /// messages when some were acked on their own (the client skips the
+        /// others); empty otherwise. Goes out as `CommandMessage.ack_set`.
+        ack_set: Vec<i64>,
     },
     /// Failover: the consumer became (in)active.
     ActiveChanged {
