@@ -1028,4 +1028,31 @@ mod tests {
             ));
         }
     }
+
+    #[test]
+    fn batch_index_acks_are_bounded_and_extra_partial_acks_are_dropped() {
+        let n = i64::try_from(BATCH_DELETED_ENTRIES_MAX).unwrap_or(i64::MAX);
+        let entries = u64::try_from(n).unwrap_or(u64::MAX) + 2;
+        let ledgers = list(&[(1, entries)], true);
+        let mut c = cursor(&ledgers);
+        // Entry 0 stays unacked so nothing is absorbed by the mark-delete.
+        for e in 1..=n {
+            c.ack_batch_index(p(1, e), &[0b10], &ledgers)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let over = c
+            .ack_batch_index(p(1, n + 1), &[0b10], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!over.newly_acked, "past the bound a partial ack is dropped");
+        assert_eq!(c.batch_unacked(p(1, n + 1)), None);
+        // A complete ack still goes through, and frees a slot.
+        c.ack_batch_index(p(1, 1), &[0], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.is_acked(p(1, 1)));
+        c.ack_batch_index(p(1, n + 1), &[0b10], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.batch_unacked(p(1, n + 1)), Some(&[0b10_i64][..]));
+        let snap = c.take_snapshot(1).snapshot;
+        assert_eq!(snap.batch_deleted_indexes.len(), BATCH_DELETED_ENTRIES_MAX);
+    }
 }
