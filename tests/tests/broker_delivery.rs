@@ -5,12 +5,15 @@
 //! across a broker restart); batch-index acks (only the unacked messages of
 //! a batch come back, also after a restart); seek by publish time on
 //! consumers and readers;
-//! chunked messages larger than the broker's max message size.
+//! chunked messages larger than the broker's max message size. Standalone,
+//! and all of them once more in cluster mode (ZooKeeper + 3 bookies +
+//! broker as processes).
 //!
 //! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
 //! without one the tests fail naming the install command.
 
-use cms_tests::cluster::BrokerNode;
+use cms_tests::cluster::{BrokerNode, start_bookies};
+use cms_tests::harness::zookeeper::ZooKeeper;
 use cms_tests::pulsar_py::{ScriptRun, base_args, run, unique_topic};
 
 /// Bound on one script run, in milliseconds.
@@ -108,4 +111,29 @@ async fn batch_index_acks_redeliver_only_the_unacked_messages_of_a_batch() {
     run_on(&url, "batch_index_ack.py", &topic, &["--phase=rest".into()])
         .await
         .assert_ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_delayed_batch_index_seek_by_time_and_chunked() {
+    let zk = ZooKeeper::start().await;
+    let zks = zk.connect_string();
+    let _bookies = start_bookies(&zks, 3).await;
+    let flag = format!("--message-bytes-max={CHUNK_CASE_MESSAGE_BYTES_MAX}");
+    let broker = BrokerNode::start_cluster("broker", &zks, &[flag.as_str()]).await;
+    let url = broker.service_url();
+    let runs = [
+        case(&url, "delayed_delivery.py", "cluster-delayed", &[]).await,
+        case(&url, "batch_index_ack.py", "cluster-batch-index", &[]).await,
+        case(&url, "seek_time.py", "cluster-seek-time", &[]).await,
+        case(
+            &url,
+            "chunked.py",
+            "cluster-chunked",
+            &[format!("--max-bytes={CHUNK_CASE_MESSAGE_BYTES_MAX}")],
+        )
+        .await,
+    ];
+    for r in &runs {
+        r.assert_ok();
+    }
 }
