@@ -213,13 +213,26 @@ pub(crate) async fn on_command(
                     format!("consumer {} not found", c.consumer_id),
                 )),
                 Some(e) => {
-                    // A partial batch (ack_set) never acknowledges the entry.
+                    // A partial batch (ack_set) never acknowledges the entry
+                    // cumulatively; individually it is a batch-index ack.
                     let positions: Vec<Position> = c
                         .message_id
                         .iter()
                         .filter(|m| m.ack_set.is_empty())
                         .map(position_of)
                         .collect();
+                    let mut batch_err = None;
+                    if c.ack_type != AckType::Cumulative as i32 {
+                        for m in c.message_id.iter().filter(|m| !m.ack_set.is_empty()) {
+                            if let Err(err) = e
+                                .sub
+                                .ack_batch_index(e.id, position_of(m), &m.ack_set)
+                                .await
+                            {
+                                batch_err.get_or_insert(err);
+                            }
+                        }
+                    }
                     let r = if c.ack_type == AckType::Cumulative as i32 {
                         match positions.last() {
                             Some(p) => e.sub.ack_cumulative(e.id, *p).await,
@@ -227,6 +240,10 @@ pub(crate) async fn on_command(
                         }
                     } else {
                         e.sub.ack_individual(e.id, &positions).await
+                    };
+                    let r = match batch_err {
+                        Some(err) if r.is_ok() => Err(err),
+                        _ => r,
                     };
                     r.map_err(|err| sub_error_reply(&err))
                 }
@@ -279,10 +296,23 @@ pub(crate) async fn on_command(
                             .await
                             .map_err(|err| sub_error_reply(&err))
                     }
-                    (None, Some(_)) => Err((
-                        ServerError::NotAllowedError,
-                        "seek by publish time is not supported yet".to_string(),
-                    )),
+                    (None, Some(ts)) => e
+                        .sub
+                        .seek_publish_time(ts, |entry| {
+                            cms_client::proto::frame::parse_entry(entry)
+                                .ok()
+                                .map(|p| p.metadata.publish_time)
+                        })
+                        .await
+                        .map(|found| {
+                            debug!(
+                                consumer_id = c.consumer_id,
+                                publish_time = ts,
+                                ?found,
+                                "seek by publish time"
+                            );
+                        })
+                        .map_err(|err| sub_error_reply(&err)),
                     (None, None) => Err((
                         ServerError::NotAllowedError,
                         "SEEK needs a message id".to_string(),
@@ -291,12 +321,17 @@ pub(crate) async fn on_command(
             };
             match reply {
                 Ok(()) => {
-                    conn.send(commands::success(c.request_id)).await;
                     // As Pulsar does: the seeking consumer is disconnected
-                    // and subscribes again (pulsar-client-cpp drops what
-                    // arrives between the seek and its reconnection).
-                    remove_consumer(conn, c.consumer_id).await;
+                    // (before the seek is answered, so the client takes the
+                    // answer during its reconnection and resubscribes from
+                    // the seek target; pulsar-client-cpp drops what arrives
+                    // between the seek and its reconnection). A reader's
+                    // subscription is kept for its resubscribe, which finds
+                    // the moved cursor (Pulsar's
+                    // `removeConsumer(.., isResetCursor)`).
+                    detach_for_seek(conn, c.consumer_id).await;
                     conn.send(commands::close_consumer(c.consumer_id, 0)).await;
+                    conn.send(commands::success(c.request_id)).await;
                 }
                 Err(r) => conn.send_error(c.request_id, r).await,
             }
@@ -489,6 +524,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         Some(Ok(command_subscribe::InitialPosition::Earliest)) => InitialPosition::Earliest,
         _ => InitialPosition::Latest,
     };
+    debug!(durable = ?c.durable, start = ?c.start_message_id, subscription = %c.subscription, "SUBSCRIBE start position");
     let open_as = if c.durable.unwrap_or(true) {
         OpenAs::Durable(initial)
     } else {
@@ -612,8 +648,19 @@ async fn forward(
                 position,
                 redelivery_count,
                 entry,
+                ack_set,
                 ..
             } => {
+                let mut command = commands::message(
+                    consumer_id,
+                    position.ledger_id,
+                    position.entry_id as u64,
+                    redelivery_count,
+                );
+                if let Some(m) = command.message.as_mut() {
+                    // Batch-index acks: the client skips the acked messages.
+                    m.ack_set = ack_set;
+                }
                 state
                     .metrics
                     .messages_out
@@ -623,12 +670,7 @@ async fn forward(
                     .bytes_out
                     .inc_by(u64::try_from(entry.len()).unwrap_or(u64::MAX));
                 Frame::Payload(PayloadFrame {
-                    command: commands::message(
-                        consumer_id,
-                        position.ledger_id,
-                        position.entry_id as u64,
-                        redelivery_count,
-                    ),
+                    command,
                     broker_entry_metadata: None,
                     checksum: ChecksumState::Valid,
                     entry,
@@ -654,6 +696,34 @@ async fn remove_consumer(conn: &mut Conn, consumer_id: u64) {
     }
     e.topic.subscriptions.consumer_left(&e.sub).await;
     debug!(consumer_id, "consumer closed");
+}
+
+/// After a SEEK: the consumer leaves its subscription, but a reader's
+/// subscription (non-durable: its moved cursor is all there is) stays open
+/// for the client's resubscribe, for at most
+/// [`crate::subscriptions::SEEK_RESUBSCRIBE_GRACE_MS`] without a consumer.
+async fn detach_for_seek(conn: &mut Conn, consumer_id: u64) {
+    let Some(e) = conn.consumers.by_id.remove(&consumer_id) else {
+        return;
+    };
+    conn.state.metrics.consumers.dec();
+    if let Err(err) = e.sub.remove_consumer(e.id) {
+        debug!(consumer_id, error = %err, "removing the consumer");
+    }
+    if e.sub.is_durable() {
+        e.topic.subscriptions.consumer_left(&e.sub).await;
+    } else {
+        let topic = e.topic.clone();
+        let sub = e.sub.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(
+                crate::subscriptions::SEEK_RESUBSCRIBE_GRACE_MS,
+            ))
+            .await;
+            topic.subscriptions.consumer_left(&sub).await;
+        });
+    }
+    debug!(consumer_id, "consumer detached for seek");
 }
 
 /// The broker closed a consumer (its topic unloaded): forget it, tell the client.
