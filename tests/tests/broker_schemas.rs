@@ -263,4 +263,19 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     )
     .await;
     assert_eq!(st, 404);
+    // Deleting a topic takes its schema with it.
+    let json_schema = "/admin/v2/schemas/public/default/schemas-json/schema";
+    let (st, _) = admin(&h, &broker, reqwest::Method::GET, json_schema, None).await;
+    assert_eq!(st, 200);
+    let (st, v) = admin(
+        &h,
+        &broker,
+        reqwest::Method::DELETE,
+        "/admin/v2/persistent/public/default/schemas-json?force=true",
+        None,
+    )
+    .await;
+    assert!(st == 200 || st == 204, "{st} {v}");
+    let (st, _) = admin(&h, &broker, reqwest::Method::GET, json_schema, None).await;
+    assert_eq!(st, 404);
 }

@@ -139,3 +139,11 @@ pub async fn delete(State(s): St, p: Params) -> AdminResult {
         None => Err(AdminError::NotFound(format!("topic {t} has no schema"))),
     }
 }
+
+/// Removes the schema history of a deleted topic (its next schema starts
+/// again at version 0).
+pub async fn remove_with_topic(s: &BrokerState, t: &TopicName) -> Result<(), AdminError> {
+    registry::remove(&*s.store, &s.layout, t)
+        .await
+        .map_err(admin_error)
+}

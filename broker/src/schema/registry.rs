@@ -260,6 +260,22 @@ pub async fn delete(
     )))
 }
 
+/// Removes the topic's history node altogether (the topic is deleted: a
+/// later schema starts again at version 0); absent is fine.
+pub async fn remove(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    topic: &TopicName,
+) -> Result<(), SchemaError> {
+    match store
+        .delete(&schema_path(layout, topic), Expected::Any)
+        .await
+    {
+        Ok(()) | Err(MetadataError::NoNode(_)) => Ok(()),
+        Err(e) => Err(meta(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -330,6 +346,10 @@ mod tests {
         ));
         assert_eq!(delete(s, &layout, &topic).await, Ok(None));
         assert_eq!(get_or_create(s, &layout, &topic, &v0).await, Ok(5));
+        // Removed with the topic: starts again at 0.
+        remove(s, &layout, &topic).await.unwrap();
+        remove(s, &layout, &topic).await.unwrap();
+        assert_eq!(get_or_create(s, &layout, &topic, &v0).await, Ok(0));
     }
 
     #[tokio::test]
