@@ -3,7 +3,8 @@ evolution (a compatible v2 accepted, a changed field type and a new field
 without default refused with IncompatibleSchema under FULL), a consumer with
 the v2 schema reading v1 data (its writer schema downloaded by GET_SCHEMA),
 get_schema_info by version, JSON and String round trips, a type change
-refused, a bytes producer accepted on a topic with a schema.
+refused, a bytes producer accepted on a topic with a schema, one schema
+for every partition of a partitioned topic.
 Prints {"results": {name: ok|error}, "errors": {name: message}}."""
 import sys
 import time
@@ -168,6 +169,21 @@ check("string round trip", string_round_trip, "hello")
 check("avro producer on a string topic refused",
       lambda: refused("string-to-avro",
                       lambda: c.create_producer(prefix + "-string", schema=AvroSchema(V1))), "refused")
+
+
+
+def partitioned():
+    # The test created "<prefix>-part" with 3 partitions: one schema for all.
+    t = prefix + "-part"
+    pr = c.create_producer(t, schema=AvroSchema(V1),
+                           message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+    for i in range(6):
+        pr.send(V1(name=f"p{i}"))
+    pr.close()
+    return refused("partitioned", lambda: c.create_producer(t, schema=AvroSchema(bad_type())))
+
+
+check("partitioned topic shares one schema", partitioned, "refused")
 
 c.close()
 common.done({"results": results, "errors": errors}, all(v == "ok" for v in results.values()))

@@ -76,6 +76,16 @@ async fn producer_with(
 async fn schema_evolution_with_the_python_client_and_get_schema() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let url = broker.service_url();
+    let h = http::client();
+    let (st, v) = admin(
+        &h,
+        &broker,
+        reqwest::Method::PUT,
+        "/admin/v2/persistent/public/default/schemas-part/partitions",
+        Some(serde_json::json!(3)),
+    )
+    .await;
+    assert!(st == 200 || st == 204, "{st} {v}");
     let run = run_python(
         "schemas.py",
         &["--url", &url, "--topic", "schemas"],
@@ -94,7 +104,13 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
             .join("\n")
     );
     // The refusals name the reason the client got.
-    for case in ["type", "nodefault", "consumer", "string-to-avro"] {
+    for case in [
+        "type",
+        "nodefault",
+        "consumer",
+        "string-to-avro",
+        "partitioned",
+    ] {
         let e = run.json["errors"][case].as_str().unwrap_or_default();
         assert!(e.contains("IncompatibleSchema"), "{case}: {e}");
     }
@@ -128,6 +144,19 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     let r = c.recv().await.unwrap().get_schema_response.unwrap();
     assert_eq!(r.error_code, Some(ServerError::TopicNotFound as i32));
 
+    // Every partition answers with the partitioned topic's one version.
+    for i in 0..3 {
+        let part = format!("persistent://public/default/schemas-part-partition-{i}");
+        c.send(get_schema(10 + i, &part, None)).await;
+        let r = c.recv().await.unwrap().get_schema_response.unwrap();
+        assert_eq!(r.error_code, None, "{part}: {:?}", r.error_message);
+        assert_eq!(
+            r.schema_version.as_deref(),
+            Some(&0u64.to_be_bytes()[..]),
+            "{part}"
+        );
+    }
+
     // PRODUCER_SUCCESS carries the version: 0 for the first, the same for
     // the same schema, 1 for a compatible change.
     let t = "persistent://public/default/schemas-raw";
@@ -155,7 +184,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     assert_eq!(got.producer_success.expect("success").schema_version, None);
 
     // Admin REST: the same history, uploads checked like producers, delete.
-    let h = http::client();
     let base = "/admin/v2/schemas/public/default/schemas-raw";
     let (st, v) = admin(
         &h,
