@@ -181,6 +181,16 @@ struct ProducerEntry {
     generation: u64,
     ready: Arc<AtomicBool>,
     sends: mpsc::Sender<SendItem>,
+    /// The schema version PRODUCER_SUCCESS carried (None without a schema).
+    schema_version: Option<Bytes>,
+}
+
+/// `cmd` (a PRODUCER_SUCCESS) carrying the producer's schema version.
+fn with_schema_version(mut cmd: BaseCommand, version: &Option<Bytes>) -> BaseCommand {
+    if let Some(ps) = cmd.producer_success.as_mut() {
+        ps.schema_version.clone_from(version);
+    }
+    cmd
 }
 
 /// Per-connection state owned by the reader task.
@@ -513,7 +523,25 @@ impl Conn {
                 self.on_get_topics_of_namespace(c).await;
                 Ok(())
             }
-            Type::GetSchema | Type::GetOrCreateSchema | Type::AuthResponse => {
+            Type::GetSchema => {
+                let c = cmd
+                    .get_schema
+                    .as_ref()
+                    .ok_or_else(|| missing("GET_SCHEMA"))?;
+                self.send(crate::schema::wire::get_schema_reply(&self.state, c).await)
+                    .await;
+                Ok(())
+            }
+            Type::GetOrCreateSchema => {
+                let c = cmd
+                    .get_or_create_schema
+                    .as_ref()
+                    .ok_or_else(|| missing("GET_OR_CREATE_SCHEMA"))?;
+                self.send(crate::schema::wire::get_or_create_reply(&self.state, c).await)
+                    .await;
+                Ok(())
+            }
+            Type::AuthResponse => {
                 self.send_error(
                     request_id_of(&cmd),
                     (
@@ -717,12 +745,10 @@ impl Conn {
                 && existing.ready.load(Ordering::Acquire)
             {
                 let name = existing.name.clone();
-                self.send(commands::producer_success(
-                    c.request_id,
-                    &name,
-                    -1,
-                    true,
-                    None,
+                let schema_version = existing.schema_version.clone();
+                self.send(with_schema_version(
+                    commands::producer_success(c.request_id, &name, -1, true, None),
+                    &schema_version,
                 ))
                 .await;
             } else {
@@ -774,6 +800,16 @@ impl Conn {
                 return;
             }
         };
+        let schema_version =
+            match crate::schema::wire::producer_schema(&self.state, &topic.name, c.schema.as_ref())
+                .await
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    self.send_error(c.request_id, e).await;
+                    return;
+                }
+            };
         let name = match c.producer_name.as_deref() {
             Some(n) if !n.is_empty() && c.user_provided_producer_name.unwrap_or(true) => {
                 n.to_string()
@@ -803,12 +839,9 @@ impl Conn {
             }
             Ok(ProducerAdmission::Ready(g)) => {
                 ready.store(true, Ordering::Release);
-                self.send(commands::producer_success(
-                    c.request_id,
-                    &g.name,
-                    -1,
-                    true,
-                    g.topic_epoch,
+                self.send(with_schema_version(
+                    commands::producer_success(c.request_id, &g.name, -1, true, g.topic_epoch),
+                    &schema_version,
                 ))
                 .await;
             }
@@ -824,17 +857,21 @@ impl Conn {
                 let out = self.out.clone();
                 let ready = ready.clone();
                 let request_id = c.request_id;
+                let schema_version = schema_version.clone();
                 tokio::spawn(
                     async move {
                         if let Ok(g) = rx.await {
                             ready.store(true, Ordering::Release);
                             let _ = out
-                                .send(Frame::Command(commands::producer_success(
-                                    request_id,
-                                    &g.name,
-                                    -1,
-                                    true,
-                                    g.topic_epoch,
+                                .send(Frame::Command(with_schema_version(
+                                    commands::producer_success(
+                                        request_id,
+                                        &g.name,
+                                        -1,
+                                        true,
+                                        g.topic_epoch,
+                                    ),
+                                    &schema_version,
                                 )))
                                 .await;
                         }
@@ -886,6 +923,7 @@ impl Conn {
                 generation,
                 ready,
                 sends: sends_tx,
+                schema_version,
             },
         );
     }

@@ -517,6 +517,12 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             return;
         }
     };
+    if let Err(e) =
+        crate::schema::wire::consumer_schema(&conn.state, &topic.name, c.schema.as_ref()).await
+    {
+        conn.send_error(c.request_id, e).await;
+        return;
+    }
     let initial = match c
         .initial_position
         .map(command_subscribe::InitialPosition::try_from)

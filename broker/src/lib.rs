@@ -38,6 +38,7 @@ pub mod ownership;
 pub mod partitioned;
 pub mod policy_refresh;
 pub mod producers;
+pub mod schema;
 pub mod service;
 pub mod standalone;
 pub mod subscription;

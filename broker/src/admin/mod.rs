@@ -20,6 +20,7 @@ pub mod clusters;
 pub mod names;
 pub mod namespaces;
 pub mod queues;
+pub mod schemas;
 pub mod store;
 pub mod tenants;
 pub mod topics;
@@ -287,6 +288,26 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "POST",
         "/admin/v2/queues/{tenant}/{namespace}/{queue}/purge",
     ),
+    (
+        "GET",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema",
+    ),
+    (
+        "POST",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema",
+    ),
+    (
+        "DELETE",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema",
+    ),
+    (
+        "GET",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema/{version}",
+    ),
+    (
+        "GET",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schemas",
+    ),
     ("GET", "/admin/v2/{domain}/{tenant}/{namespace}"),
     ("GET", "/admin/v2/{domain}/{tenant}/{namespace}/partitioned"),
     ("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}"),
@@ -417,6 +438,7 @@ fn table() -> Table {
     use clusters as c;
     use namespaces as n;
     use queues as q;
+    use schemas as sc;
     use tenants as t;
     use topics as tp;
     Table {
@@ -453,6 +475,11 @@ fn table() -> Table {
     .add("DELETE", "/admin/v2/queues/{tenant}/{namespace}/{queue}", q::delete)
     .add("GET", "/admin/v2/queues/{tenant}/{namespace}/{queue}/stats", q::stats)
     .add("POST", "/admin/v2/queues/{tenant}/{namespace}/{queue}/purge", q::purge)
+    .add("GET", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", sc::get_latest)
+    .add("POST", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", sc::upload)
+    .add("DELETE", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", sc::delete)
+    .add("GET", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema/{version}", sc::get_version)
+    .add("GET", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schemas", sc::get_all)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}", tp::list)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/partitioned", tp::list_partitioned)
     .add("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}", tp::create)

@@ -5,6 +5,7 @@
 //! `maxConsumersPerTopic`, `maxConsumersPerSubscription`,
 //! `maxTopicsPerNamespace`, `maxSubscriptionsPerTopic`, `publishRate`,
 //! `dispatchRate`, `subscriptionDispatchRate`, `persistence`,
+//! `schemaCompatibilityStrategy`, `isAllowAutoUpdateSchema`,
 //! `replication`).
 //!
 //! Policies are stored as Pulsar `Policies` JSON in
@@ -95,6 +96,12 @@ pub fn policy_get(
         "subscriptionDispatchRate" => json!(p.subscription_dispatch_rate.get(c)),
         "persistence" => json!(p.persistence),
         "replication" => json!(p.replication_clusters),
+        "schemaCompatibilityStrategy" => json!(
+            p.schema_compatibility_strategy
+                .as_deref()
+                .unwrap_or("UNDEFINED")
+        ),
+        "isAllowAutoUpdateSchema" => json!(p.is_allow_auto_update_schema.unwrap_or(true)),
         other => return Err(unknown(other)),
     })
 }
@@ -209,6 +216,24 @@ pub fn policy_apply(
             p.replication_clusters = list;
         }
         ("replication", None) => p.replication_clusters.clear(),
+        ("schemaCompatibilityStrategy", Some(v)) => {
+            let name = v.as_str().ok_or_else(|| {
+                AdminError::BadRequest(format!(
+                    "schemaCompatibilityStrategy must be a strategy name, got {v}"
+                ))
+            })?;
+            checked(crate::schema::Strategy::parse(name).map(|_| ()))?;
+            p.schema_compatibility_strategy = Some(name.to_ascii_uppercase());
+        }
+        ("schemaCompatibilityStrategy", None) => p.schema_compatibility_strategy = None,
+        ("isAllowAutoUpdateSchema", Some(v)) => {
+            p.is_allow_auto_update_schema = Some(v.as_bool().ok_or_else(|| {
+                AdminError::BadRequest(format!(
+                    "isAllowAutoUpdateSchema must be true or false, got {v}"
+                ))
+            })?);
+        }
+        ("isAllowAutoUpdateSchema", None) => p.is_allow_auto_update_schema = None,
         (other, _) => return Err(unknown(other)),
     }
     checked(p.validate())

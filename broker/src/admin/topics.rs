@@ -255,6 +255,11 @@ pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
     let t = topic_of(&p)?;
     let force = q.flag("force")?;
     delete_stored_topic(&s, &t, force).await?;
+    // A partition shares its partitioned topic's schema: only a whole topic
+    // takes its schema with it (as Pulsar).
+    if partitioned::partition_of(&t).is_none() {
+        crate::admin::schemas::remove_with_topic(&s, &t).await?;
+    }
     Ok(no_content())
 }
 
@@ -322,6 +327,7 @@ pub async fn delete_partitioned(State(s): St, p: Params, q: QueryParams) -> Admi
     partitioned::delete(&*s.store, &s.layout, &t)
         .await
         .map_err(partitioned_error)?;
+    crate::admin::schemas::remove_with_topic(&s, &t).await?;
     info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "partitioned topic deleted");
     Ok(no_content())
 }
