@@ -1,0 +1,124 @@
+//! Non-persistent topics through the official Python client against a
+//! standalone broker: every subscription receives (Shared spread over two
+//! consumers, Exclusive), a consumer that does not receive loses messages
+//! (counted in `/metrics`) without slowing the producer, a late subscriber
+//! gets nothing published before it, nothing is stored (no managed-ledger
+//! node: the admin topic list stays empty) and nothing comes back after a
+//! restart.
+
+use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, metric_value, run_python};
+use cms_tests::harness::http;
+
+fn strs(v: &serde_json::Value, key: &str) -> Vec<String> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key:?} in {v}"))
+        .iter()
+        .map(|x| x.as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_persistent_fan_out_drops_and_stores_nothing() {
+    let mut broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let topic = "non-persistent://public/default/np-fanout";
+    let count = 200usize;
+    let count_arg = count.to_string();
+    let run = run_python(
+        "nonpersistent.py",
+        &[
+            "--url", &url, "--topic", topic, "--mode", "fanout", "--count", &count_arg, "--after",
+            "5",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "fanout failed: {} / {}", run.json, run.stderr);
+    let j = &run.json;
+    let expected: Vec<String> = (0..count).map(|i| format!("msg-{i}")).collect();
+    let after: Vec<String> = (0..5).map(|i| format!("after-{i}")).collect();
+
+    // Every subscription got everything: Shared spread over its two
+    // consumers, Exclusive all in order.
+    assert_eq!(strs(j, "shared_all"), expected, "{j}");
+    let shared_counts: Vec<u64> = j["shared_counts"]
+        .as_array()
+        .expect("shared_counts")
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect();
+    assert!(
+        shared_counts.iter().all(|&n| n > 0),
+        "both Shared consumers receive: {shared_counts:?}"
+    );
+    assert_eq!(strs(j, "excl"), expected, "{j}");
+    assert_eq!(strs(j, "excl_after"), after, "{j}");
+    // Receipts carry ids from the topic's counter (no ledger).
+    assert_eq!(
+        j["receipt_ids"],
+        serde_json::json!([[0, 0], [0, 1], [0, 2]])
+    );
+
+    // The late subscriber got nothing of the earlier messages, then the
+    // later ones.
+    assert_eq!(strs(j, "late_before"), Vec::<String>::new(), "{j}");
+    assert_eq!(strs(j, "late_after"), after, "{j}");
+
+    // The consumer with a queue of one lost most messages; the producer was
+    // not held back by it (200 sends well within the timeout).
+    let slow = j["slow_received"].as_u64().expect("slow_received");
+    assert!(slow <= 3, "slow consumer received {slow}");
+    let dropped = metric_value(broker.http(), "cms_nonpersistent_messages_dropped_total")
+        .await
+        .expect("cms_nonpersistent_messages_dropped_total in /metrics");
+    let total = (count + 5) as f64;
+    assert!(
+        dropped >= total - 3.0 - slow as f64,
+        "dropped {dropped} of {total} for the slow consumer"
+    );
+    let send_seconds = j["send_seconds"].as_f64().expect("send_seconds");
+    assert!(send_seconds < 10.0, "sending took {send_seconds} s");
+
+    // Nothing stored: no topic (managed-ledger node) of that name.
+    let c = http::client();
+    let (status, body) = http::get(&c, broker.http(), "/admin/v2/persistent/public/default")
+        .await
+        .expect("topic list");
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("np-fanout"), "stored topics: {body}");
+
+    // After a restart nothing comes back.
+    broker.restart().await;
+    let url = broker.service_url();
+    let run = run_python(
+        "nonpersistent.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            topic,
+            "--mode",
+            "after-restart",
+            "--wait-ms",
+            "1500",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(
+        run.ok,
+        "after-restart failed: {} / {}",
+        run.json, run.stderr
+    );
+    assert_eq!(
+        strs(&run.json, "received"),
+        Vec::<String>::new(),
+        "{}",
+        run.json
+    );
+    let (_, body) = http::get(&c, broker.http(), "/admin/v2/persistent/public/default")
+        .await
+        .expect("topic list");
+    assert!(!body.contains("np-fanout"), "stored topics: {body}");
+}
