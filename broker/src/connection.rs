@@ -663,13 +663,15 @@ impl Conn {
         c: &cms_client::proto::pulsar::CommandGetTopicsOfNamespace,
     ) {
         let ctx = self.state.topics.context();
-        let r = crate::topic_discovery::topics_of_namespace(
+        let np_in_use = self.state.topics.non_persistent().names();
+        let r = crate::topic_discovery::topics_of_namespace_with(
             &*ctx.store,
             &ctx.layout,
             &c.namespace,
             crate::topic_discovery::ListMode::from_wire(c.mode),
             c.topics_pattern.as_deref(),
             c.topics_hash.as_deref(),
+            &np_in_use,
         )
         .await;
         match r {

@@ -8,6 +8,9 @@ sent, which every live subscription gets.
 
 --mode after-restart: subscribes `excl` again and reports what arrives
 within --wait-ms (nothing must: nothing is stored).
+
+--mode partitioned: on a partitioned topic, subscribes (Shared), sends
+--count keyed messages and reports what arrived and on which partitions.
 """
 import time
 
@@ -16,7 +19,7 @@ import pulsar
 import common
 
 p = common.parser(__doc__)
-p.add_argument("--mode", choices=["fanout", "after-restart"], required=True)
+p.add_argument("--mode", choices=["fanout", "after-restart", "partitioned"], required=True)
 p.add_argument("--count", type=int, default=200)
 p.add_argument("--after", type=int, default=5)
 p.add_argument("--wait-ms", type=int, default=1500)
@@ -57,6 +60,24 @@ try:
         c = client.subscribe(args.topic, "excl", consumer_type=pulsar.ConsumerType.Exclusive)
         got = drain(c, args.wait_ms)
         common.done({"received": got}, ok=True)
+
+    if args.mode == "partitioned":
+        c = client.subscribe(args.topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+        producer = client.create_producer(args.topic, send_timeout_millis=args.timeout_ms,
+                                          batching_enabled=False)
+        sent = [f"p-{i}" for i in range(args.count)]
+        for i, s in enumerate(sent):
+            producer.send(s.encode(), partition_key=f"key-{i}")
+        got, topics = [], set()
+        for _ in range(args.count):
+            m = c.receive(timeout_millis=args.timeout_ms)
+            got.append(m.data().decode(errors="replace"))
+            topics.add(m.topic_name())
+            c.acknowledge(m)
+        producer.close()
+        c.close()
+        got.sort(key=lambda s: int(s.split("-")[1]))
+        common.done({"received": got, "topics": sorted(topics)}, ok=(got == sent))
 
     shared = [
         client.subscribe(args.topic, "shared", consumer_type=pulsar.ConsumerType.Shared,

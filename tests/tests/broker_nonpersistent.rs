@@ -4,7 +4,8 @@
 //! (counted in `/metrics`) without slowing the producer, a late subscriber
 //! gets nothing published before it, nothing is stored (no managed-ledger
 //! node: the admin topic list stays empty) and nothing comes back after a
-//! restart.
+//! restart. A partitioned non-persistent topic (created through the admin
+//! REST) spreads its messages over its partitions.
 
 use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, metric_value, run_python};
 use cms_tests::harness::http;
@@ -121,4 +122,69 @@ async fn non_persistent_fan_out_drops_and_stores_nothing() {
         .await
         .expect("topic list");
     assert!(!body.contains("np-fanout"), "stored topics: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_non_persistent_topic_uses_every_partition() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let c = http::client();
+    let response = c
+        .put(format!(
+            "http://{}/admin/v2/non-persistent/public/default/np-parted/partitions",
+            broker.http()
+        ))
+        .header("content-type", "application/json")
+        .body("3")
+        .send()
+        .await
+        .expect("create partitioned");
+    assert!(
+        response.status().is_success(),
+        "create partitioned: {}",
+        response.status()
+    );
+    let url = broker.service_url();
+    let run = run_python(
+        "nonpersistent.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            "non-persistent://public/default/np-parted",
+            "--mode",
+            "partitioned",
+            "--count",
+            "60",
+        ],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "partitioned failed: {} / {}", run.json, run.stderr);
+    let topics = strs(&run.json, "topics");
+    assert_eq!(
+        topics,
+        (0..3)
+            .map(|i| format!("non-persistent://public/default/np-parted-partition-{i}"))
+            .collect::<Vec<_>>(),
+        "{}",
+        run.json
+    );
+    // Nothing stored for any partition.
+    let (_, body) = http::get(&c, broker.http(), "/admin/v2/persistent/public/default")
+        .await
+        .expect("topic list");
+    assert!(!body.contains("np-parted"), "stored topics: {body}");
+    // Not in use any more: not listed, no stats.
+    let (_, body) = http::get(&c, broker.http(), "/admin/v2/non-persistent/public/default")
+        .await
+        .expect("non-persistent list");
+    assert_eq!(body.trim(), "[]", "{body}");
+    let (status, _) = http::get(
+        &c,
+        broker.http(),
+        "/admin/v2/non-persistent/public/default/np-parted-partition-0/stats",
+    )
+    .await
+    .expect("stats");
+    assert_eq!(status, 404);
 }

@@ -83,7 +83,7 @@ fn topic_of(p: &Params) -> Result<TopicName, AdminError> {
 fn persistent_only(t: &TopicName) -> Result<(), AdminError> {
     if t.domain != Domain::Persistent {
         return Err(AdminError::PreconditionFailed(format!(
-            "{t}: non-persistent topics are not served by this broker yet"
+            "{t}: this operation is not supported on non-persistent topics"
         )));
     }
     Ok(())
