@@ -5,9 +5,12 @@
 //! gets nothing published before it, nothing is stored (no managed-ledger
 //! node: the admin topic list stays empty) and nothing comes back after a
 //! restart. A partitioned non-persistent topic (created through the admin
-//! REST) spreads its messages over its partitions.
+//! REST) spreads its messages over its partitions. While in use a
+//! non-persistent topic is listed and has stats in the admin REST.
 
-use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, metric_value, run_python};
+use cms_tests::cluster::{
+    BrokerNode, PYTHON_TIMEOUT_MS, finish_python, metric_value, run_python, spawn_python,
+};
 use cms_tests::harness::http;
 
 fn strs(v: &serde_json::Value, key: &str) -> Vec<String> {
@@ -187,4 +190,87 @@ async fn partitioned_non_persistent_topic_uses_every_partition() {
     .await
     .expect("stats");
     assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_persistent_topic_in_use_is_listed_with_stats() {
+    use tokio::io::AsyncBufReadExt;
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let topic = "non-persistent://public/default/np-watched";
+    let mut child = spawn_python(
+        "consume.py",
+        &[
+            "--url",
+            &url,
+            "--topic",
+            topic,
+            "--sub",
+            "watch",
+            "--sub-type",
+            "Shared",
+            "--count",
+            "3",
+            "--timeout-ms",
+            "30000",
+        ],
+    );
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = tokio::io::BufReader::new(stdout).lines();
+    let c = http::client();
+    // Poll until the consumer has subscribed and given permits (the topic
+    // is then in use; earlier messages would be dropped).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let stats = loop {
+        let (_, body) = http::get(&c, broker.http(), "/admin/v2/non-persistent/public/default")
+            .await
+            .expect("non-persistent list");
+        if body.contains(topic) {
+            let (status, body) = http::get(
+                &c,
+                broker.http(),
+                "/admin/v2/non-persistent/public/default/np-watched/stats",
+            )
+            .await
+            .expect("stats");
+            assert_eq!(status, 200, "{body}");
+            let stats: serde_json::Value = serde_json::from_str(&body).expect("json");
+            let permits = stats["subscriptions"]["watch"]["consumers"][0]["availablePermits"]
+                .as_i64()
+                .unwrap_or(0);
+            if permits > 0 {
+                break stats;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic} never in use with permits: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(stats["subscriptions"]["watch"]["type"], "Shared", "{stats}");
+    assert_eq!(
+        stats["subscriptions"]["watch"]["consumersCount"], 1,
+        "{stats}"
+    );
+
+    let run = run_python(
+        "produce.py",
+        &["--url", &url, "--topic", topic, "--count", "3"],
+        PYTHON_TIMEOUT_MS,
+    )
+    .await;
+    assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
+    let consumed = finish_python(child, lines, PYTHON_TIMEOUT_MS).await;
+    assert!(
+        consumed.ok,
+        "consume failed: {} / {}",
+        consumed.json, consumed.stderr
+    );
+    assert_eq!(
+        strs(&consumed.json, "received"),
+        vec!["msg-0", "msg-1", "msg-2"],
+        "{}",
+        consumed.json
+    );
 }

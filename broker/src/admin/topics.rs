@@ -375,7 +375,11 @@ fn non_persistent_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminEr
             st.name.clone(),
             json!({
                 "type": st.sub_type.map(|x| x.to_string()),
-                "consumersCount": st.consumers,
+                "consumersCount": st.consumers.len(),
+                "consumers": st.consumers.iter().map(|(name, permits)| json!({
+                    "consumerName": name,
+                    "availablePermits": permits,
+                })).collect::<Vec<_>>(),
                 "msgDeliveredCount": st.delivered,
                 "msgDropCount": st.dropped,
             }),

@@ -78,8 +78,8 @@ pub struct NpSubscriptionStats {
     pub name: String,
     /// Type of the attached consumers.
     pub sub_type: Option<SubType>,
-    /// Attached consumers.
-    pub consumers: usize,
+    /// Attached consumers: name and permits left, in join order.
+    pub consumers: Vec<(String, i64)>,
     /// Messages handed to consumers.
     pub delivered: u64,
     /// Messages dropped.
@@ -108,7 +108,12 @@ impl NpSubscription {
         NpSubscriptionStats {
             name: self.name.clone(),
             sub_type: s.router.sub_type(),
-            consumers: s.router.len(),
+            consumers: s
+                .router
+                .consumers()
+                .into_iter()
+                .map(|(_, name, permits)| (name, permits))
+                .collect(),
             delivered: s.delivered,
             dropped: s.dropped,
         }

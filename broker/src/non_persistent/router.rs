@@ -91,6 +91,14 @@ impl Router {
             .map(|m| m.permits)
     }
 
+    /// Attached consumers with their names and permits, in join order.
+    pub fn consumers(&self) -> Vec<(ConsumerId, String, i64)> {
+        self.members
+            .iter()
+            .map(|m| (m.info.id, m.info.name.clone(), m.permits))
+            .collect()
+    }
+
     fn idx(&self, id: ConsumerId) -> Result<usize, DispatchError> {
         self.members
             .iter()
