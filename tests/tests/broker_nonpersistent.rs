@@ -274,3 +274,104 @@ async fn a_non_persistent_topic_in_use_is_listed_with_stats() {
         consumed.json
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_persistent_protocol_answers() {
+    use cms_client::proto::commands;
+    use cms_client::proto::frame::{ChecksumState, Frame, PayloadFrame, entry_from_parts};
+    use cms_client::proto::pulsar::command_subscribe::{InitialPosition, SubType};
+    use cms_client::proto::pulsar::{
+        MessageMetadata, ProducerAccessMode, ServerError, base_command::Type,
+    };
+    use cms_tests::cluster::RawPulsarClient;
+    use futures::SinkExt;
+
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let topic = "non-persistent://public/default/np-raw";
+    let mut c = RawPulsarClient::connected(broker.pulsar()).await;
+
+    // A producer, and a retry of the same request: both succeed, same name.
+    c.send(commands::producer(topic, 1, 1, Some("np-p"))).await;
+    let a = c.recv().await.expect("PRODUCER answer");
+    assert_eq!(a.r#type, Type::ProducerSuccess as i32, "{a:?}");
+    c.send(commands::producer(topic, 1, 2, Some("np-p"))).await;
+    let b = c.recv().await.expect("PRODUCER retry answer");
+    assert_eq!(
+        b.producer_success
+            .as_ref()
+            .map(|p| p.producer_name.as_str()),
+        Some("np-p"),
+        "{b:?}"
+    );
+    // Exclusive producers are refused on non-persistent topics.
+    let mut excl = commands::producer(topic, 2, 3, None);
+    if let Some(p) = excl.producer.as_mut() {
+        p.producer_access_mode = Some(ProducerAccessMode::Exclusive as i32);
+    }
+    c.send(excl).await;
+    let e = c.recv().await.expect("exclusive PRODUCER answer");
+    assert_eq!(
+        e.error.as_ref().map(|x| x.error),
+        Some(ServerError::NotAllowedError as i32),
+        "{e:?}"
+    );
+
+    // A consumer with permits gets what is published, with the receipt's id.
+    c.send(commands::subscribe(
+        topic,
+        "raw-sub",
+        SubType::Exclusive,
+        7,
+        4,
+        InitialPosition::Latest,
+    ))
+    .await;
+    let ok = c.recv().await.expect("SUBSCRIBE answer");
+    assert_eq!(ok.r#type, Type::Success as i32, "{ok:?}");
+    c.send(commands::flow(7, 10)).await;
+    let md = MessageMetadata {
+        producer_name: "np-p".into(),
+        sequence_id: 0,
+        publish_time: 1,
+        ..Default::default()
+    };
+    c.framed
+        .send(Frame::Payload(PayloadFrame {
+            command: commands::send(1, 0, 1),
+            broker_entry_metadata: None,
+            checksum: ChecksumState::Valid,
+            entry: entry_from_parts(&md, b"hello"),
+        }))
+        .await
+        .expect("send");
+    let mut receipt = None;
+    let mut message = None;
+    for _ in 0..2 {
+        let got = c.recv().await.expect("receipt or message");
+        if let Some(r) = got.send_receipt {
+            receipt = r.message_id.map(|m| (m.ledger_id, m.entry_id));
+        } else if let Some(m) = got.message {
+            message = Some((m.message_id.ledger_id, m.message_id.entry_id));
+        } else {
+            panic!("unexpected {got:?}");
+        }
+    }
+    assert_eq!(receipt, Some((0, 0)));
+    assert_eq!(message, Some((0, 0)));
+
+    // Seek is refused; a close is idempotent.
+    c.send(commands::seek(7, 5, commands::message_id(0, 0)))
+        .await;
+    let s = c.recv().await.expect("SEEK answer");
+    assert_eq!(
+        s.error.as_ref().map(|x| x.error),
+        Some(ServerError::NotAllowedError as i32),
+        "{s:?}"
+    );
+    c.send(commands::close_consumer(7, 6)).await;
+    let a = c.recv().await.expect("CLOSE_CONSUMER answer");
+    assert_eq!(a.r#type, Type::Success as i32, "{a:?}");
+    c.send(commands::close_consumer(7, 7)).await;
+    let a = c.recv().await.expect("second CLOSE_CONSUMER answer");
+    assert_eq!(a.r#type, Type::Success as i32, "{a:?}");
+}

@@ -33,6 +33,7 @@ use crate::topics::TopicError;
 
 struct NpProducer {
     topic: Arc<NpTopic>,
+    name: String,
 }
 
 struct NpConsumer {
@@ -115,6 +116,21 @@ async fn attach(conn: &Conn, topic: &str, create: bool) -> Result<Arc<NpTopic>, 
 
 /// PRODUCER on a non-persistent topic.
 pub(crate) async fn on_producer(conn: &mut Conn, c: &CommandProducer) {
+    if let Some(existing) = conn.np.producers.get(&c.producer_id)
+        && TopicName::parse(&c.topic).ok().as_ref() == Some(&existing.topic.name)
+    {
+        // A retry of a request that already succeeded (G8).
+        let name = existing.name.clone();
+        conn.send(commands::producer_success(
+            c.request_id,
+            &name,
+            -1,
+            true,
+            None,
+        ))
+        .await;
+        return;
+    }
     if conn.np.producers.contains_key(&c.producer_id) || conn.has_producer_id(c.producer_id) {
         conn.send_error(
             c.request_id,
@@ -180,7 +196,7 @@ pub(crate) async fn on_producer(conn: &mut Conn, c: &CommandProducer) {
         producer = %name, producer_id = c.producer_id, "non-persistent producer created");
     conn.np
         .producers
-        .insert(c.producer_id, NpProducer { topic });
+        .insert(c.producer_id, NpProducer { topic, name });
 }
 
 /// SEND from a non-persistent producer: fan out, then SEND_RECEIPT.
