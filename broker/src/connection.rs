@@ -208,6 +208,8 @@ pub struct Conn {
     producers: HashMap<u64, ProducerEntry>,
     /// This connection's consumers.
     pub consumers: Consumers,
+    /// This connection's producers and consumers on non-persistent topics.
+    pub np: crate::non_persistent::conn::NpHandles,
     generation: u64,
     publish_permits: Arc<Semaphore>,
     lookup_permits: Arc<Semaphore>,
@@ -271,6 +273,7 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
         connected: false,
         producers: HashMap::new(),
         consumers: Consumers::default(),
+        np: crate::non_persistent::conn::NpHandles::default(),
         generation: 0,
         publish_permits: Arc::new(Semaphore::new(
             state.config.pending_publishes_per_connection_max,
@@ -401,7 +404,17 @@ impl Conn {
 
     /// Producers plus consumers on this connection.
     pub fn handles(&self) -> usize {
-        self.producers.len() + self.consumers.len()
+        self.producers.len() + self.consumers.len() + self.np.len()
+    }
+
+    /// Whether `producer_id` is a (persistent-topic) producer here.
+    pub fn has_producer_id(&self, producer_id: u64) -> bool {
+        self.producers.contains_key(&producer_id)
+    }
+
+    /// Whether `consumer_id` is a (persistent-topic) consumer here.
+    pub fn has_consumer_id(&self, consumer_id: u64) -> bool {
+        self.consumers.contains(consumer_id)
     }
 
     async fn on_frame(
@@ -476,6 +489,11 @@ impl Conn {
                     return Err(CloseReason::BadInput("SEND without a payload".into()));
                 };
                 let c = cmd.send.as_ref().ok_or_else(|| missing("SEND"))?;
+                if self.np.has_producer(c.producer_id) {
+                    // Handled at once: the publish permit stays reserved.
+                    crate::non_persistent::conn::on_send(self, c, p.checksum, p.entry).await;
+                    return Ok(());
+                }
                 let item_permit = reserved.take();
                 let Some(permit) = item_permit else {
                     return Err(CloseReason::BadInput(
@@ -502,7 +520,9 @@ impl Conn {
                     .close_producer
                     .as_ref()
                     .ok_or_else(|| missing("CLOSE_PRODUCER"))?;
-                self.remove_producer(c.producer_id);
+                if !crate::non_persistent::conn::remove_producer(self, c.producer_id) {
+                    self.remove_producer(c.producer_id);
+                }
                 self.send(commands::success(c.request_id)).await;
                 Ok(())
             }
@@ -671,13 +691,15 @@ impl Conn {
         c: &cms_client::proto::pulsar::CommandGetTopicsOfNamespace,
     ) {
         let ctx = self.state.topics.context();
-        let r = crate::topic_discovery::topics_of_namespace(
+        let np_in_use = self.state.topics.non_persistent().names();
+        let r = crate::topic_discovery::topics_of_namespace_with(
             &*ctx.store,
             &ctx.layout,
             &c.namespace,
             crate::topic_discovery::ListMode::from_wire(c.mode),
             c.topics_pattern.as_deref(),
             c.topics_hash.as_deref(),
+            &np_in_use,
         )
         .await;
         match r {
@@ -736,6 +758,12 @@ impl Conn {
     }
 
     async fn on_producer(&mut self, c: &CommandProducer) {
+        if crate::non_persistent::conn::is_non_persistent(&c.topic)
+            || self.np.has_producer(c.producer_id)
+        {
+            crate::non_persistent::conn::on_producer(self, c).await;
+            return;
+        }
         if let Some(existing) = self.producers.get(&c.producer_id) {
             // A retry of a request that already succeeded (G8).
             if existing.topic.name.to_string()

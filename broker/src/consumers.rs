@@ -86,6 +86,11 @@ impl Consumers {
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
+
+    /// Whether `consumer_id` is one of them.
+    pub fn contains(&self, consumer_id: u64) -> bool {
+        self.by_id.contains_key(&consumer_id)
+    }
 }
 
 /// Messages in a stored entry (a batch counts its messages, G11); 1 if the
@@ -192,6 +197,9 @@ pub(crate) async fn on_command(
             commands::command_name(cmd)
         ))
     };
+    if crate::non_persistent::conn::claims(conn, ty, cmd) {
+        return crate::non_persistent::conn::on_command(conn, ty, cmd).await;
+    }
     match ty {
         Type::Subscribe => {
             let c = cmd.subscribe.as_ref().ok_or_else(missing)?;
@@ -435,6 +443,53 @@ pub(crate) async fn on_command(
     Ok(())
 }
 
+/// The checks of a SUBSCRIBE before its topic is touched (handle limit,
+/// subscription name, type, Key_Shared settings), shared with
+/// [`crate::non_persistent`]: its type and Key_Shared settings.
+pub(crate) fn check_subscribe(
+    conn: &Conn,
+    c: &CommandSubscribe,
+    id: ConsumerId,
+) -> Result<(SubType, Option<KeySharedSpec>), ErrorReply> {
+    if conn.handles() >= conn.state.config.handles_per_connection_max {
+        return Err((
+            ServerError::NotAllowedError,
+            format!(
+                "connection reached {} producers and consumers",
+                conn.state.config.handles_per_connection_max
+            ),
+        ));
+    }
+    check_subscription_name(&c.subscription).map_err(|m| (ServerError::NotAllowedError, m))?;
+    let sub_type = match command_subscribe::SubType::try_from(c.sub_type) {
+        Ok(command_subscribe::SubType::Exclusive) => SubType::Exclusive,
+        Ok(command_subscribe::SubType::Shared) => SubType::Shared,
+        Ok(command_subscribe::SubType::Failover) => SubType::Failover,
+        Ok(command_subscribe::SubType::KeyShared) => SubType::KeyShared,
+        Err(_) => {
+            return Err((
+                ServerError::NotAllowedError,
+                format!("unknown subscription type {}", c.sub_type),
+            ));
+        }
+    };
+    let key_shared = if sub_type == SubType::KeyShared {
+        Some(
+            key_shared_spec(id, c.key_shared_meta.as_ref())
+                .map_err(|e| (ServerError::ConsumerAssignError, e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    Ok((sub_type, key_shared))
+}
+
+/// The Pulsar error for a refused consumer (shared with
+/// [`crate::non_persistent`]).
+pub(crate) fn dispatch_error_reply(e: &DispatchError) -> ErrorReply {
+    sub_error_reply(&SubError::Dispatch(e.clone()))
+}
+
 async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
     if let Some(existing) = conn.consumers.by_id.get(&c.consumer_id) {
         // A retry of a request that already succeeded (G8).
@@ -455,57 +510,13 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         }
         return;
     }
-    if conn.handles() >= conn.state.config.handles_per_connection_max {
-        conn.send_error(
-            c.request_id,
-            (
-                ServerError::NotAllowedError,
-                format!(
-                    "connection reached {} producers and consumers",
-                    conn.state.config.handles_per_connection_max
-                ),
-            ),
-        )
-        .await;
-        return;
-    }
-    if let Err(m) = check_subscription_name(&c.subscription) {
-        conn.send_error(c.request_id, (ServerError::NotAllowedError, m))
-            .await;
-        return;
-    }
-    let sub_type = match command_subscribe::SubType::try_from(c.sub_type) {
-        Ok(command_subscribe::SubType::Exclusive) => SubType::Exclusive,
-        Ok(command_subscribe::SubType::Shared) => SubType::Shared,
-        Ok(command_subscribe::SubType::Failover) => SubType::Failover,
-        Ok(command_subscribe::SubType::KeyShared) => SubType::KeyShared,
-        Err(_) => {
-            conn.send_error(
-                c.request_id,
-                (
-                    ServerError::NotAllowedError,
-                    format!("unknown subscription type {}", c.sub_type),
-                ),
-            )
-            .await;
+    let id = ConsumerId::new(conn.id, c.consumer_id);
+    let (sub_type, key_shared) = match check_subscribe(conn, c, id) {
+        Ok(v) => v,
+        Err(e) => {
+            conn.send_error(c.request_id, e).await;
             return;
         }
-    };
-    let id = ConsumerId::new(conn.id, c.consumer_id);
-    let key_shared = if sub_type == SubType::KeyShared {
-        match key_shared_spec(id, c.key_shared_meta.as_ref()) {
-            Ok(spec) => Some(spec),
-            Err(e) => {
-                conn.send_error(
-                    c.request_id,
-                    (ServerError::ConsumerAssignError, e.to_string()),
-                )
-                .await;
-                return;
-            }
-        }
-    } else {
-        None
     };
     let topic = match conn
         .load_topic(&c.topic, c.force_topic_creation.unwrap_or(true))
@@ -752,6 +763,7 @@ pub(crate) async fn on_closed_by_broker(conn: &mut Conn, consumer_id: u64, gener
 /// The connection ends: every consumer leaves its subscription (its
 /// unacknowledged messages go to the others or wait for the next consumer).
 pub(crate) async fn remove_all(conn: &mut Conn) {
+    crate::non_persistent::conn::remove_all(conn);
     let ids: Vec<u64> = conn.consumers.by_id.keys().copied().collect();
     for id in ids {
         remove_consumer(conn, id).await;

@@ -34,6 +34,7 @@ pub mod dispatch;
 pub mod http;
 pub mod managed_ledger;
 pub mod metrics;
+pub mod non_persistent;
 pub mod ownership;
 pub mod partitioned;
 pub mod policy_refresh;

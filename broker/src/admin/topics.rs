@@ -8,9 +8,9 @@
 //!
 //! Promises: a topic that does not exist answers 404 and is not created by a
 //! read; a delete without `force` answers 409 while producers or consumers
-//! are connected; non-persistent topics are answered 412 where the broker
-//! would have to serve one (it does not serve them yet) — their partitioned
-//! metadata works. Stats report what the broker tracks today (sizes,
+//! are connected; non-persistent topics are listed and have stats while in
+//! use ([`crate::non_persistent`]), other operations on them answer 412 —
+//! their partitioned metadata works. Stats report what the broker tracks today (sizes,
 //! backlogs, producers, consumers); per-topic rates are not tracked yet and
 //! are left out rather than reported as zero.
 
@@ -86,7 +86,7 @@ fn topic_of(p: &Params) -> Result<TopicName, AdminError> {
 fn persistent_only(t: &TopicName) -> Result<(), AdminError> {
     if t.domain != Domain::Persistent {
         return Err(AdminError::PreconditionFailed(format!(
-            "{t}: non-persistent topics are not served by this broker yet"
+            "{t}: this operation is not supported on non-persistent topics"
         )));
     }
     Ok(())
@@ -161,7 +161,14 @@ pub async fn list(State(s): St, p: Params) -> AdminResult {
             .map(ToString::to_string)
             .collect()
     } else {
-        Vec::new()
+        // Non-persistent topics exist while they are in use on this broker.
+        s.topics
+            .non_persistent()
+            .names()
+            .iter()
+            .filter(|n| n.tenant == t && n.namespace == ns)
+            .map(ToString::to_string)
+            .collect()
     };
     Ok(ok_json(json!(list)))
 }
@@ -382,7 +389,41 @@ pub(crate) async fn open_subscription(
 /// `GET .../{topic}/stats`: Pulsar `TopicStats` (the parts tracked).
 pub async fn stats(State(s): St, p: Params) -> AdminResult {
     let t = topic_of(&p)?;
+    if t.domain == Domain::NonPersistent {
+        return Ok(ok_json(non_persistent_stats(&s, &t)?));
+    }
     Ok(ok_json(topic_stats(&s, &t).await?))
+}
+
+/// The stats of a loaded non-persistent topic (404 when not in use): per
+/// subscription its type, consumers and the messages delivered and dropped
+/// since it was created (counts, not rates).
+fn non_persistent_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError> {
+    let Some(topic) = s.topics.non_persistent().get(t) else {
+        return Err(AdminError::NotFound(format!(
+            "non-persistent topic {t} is not in use on this broker"
+        )));
+    };
+    let mut subs = serde_json::Map::new();
+    for st in topic.subscription_stats() {
+        subs.insert(
+            st.name.clone(),
+            json!({
+                "type": st.sub_type.map(|x| x.to_string()),
+                "consumersCount": st.consumers.len(),
+                "consumers": st.consumers.iter().map(|(name, permits)| json!({
+                    "consumerName": name,
+                    "availablePermits": permits,
+                })).collect::<Vec<_>>(),
+                "msgDeliveredCount": st.delivered,
+                "msgDropCount": st.dropped,
+            }),
+        );
+    }
+    Ok(json!({
+        "entriesPublishedCount": topic.last_entry_id().map_or(0, |e| e + 1),
+        "subscriptions": subs,
+    }))
 }
 
 /// The `TopicStats` JSON of stored topic `t`.
