@@ -186,6 +186,16 @@ struct ProducerEntry {
     generation: u64,
     ready: Arc<AtomicBool>,
     sends: mpsc::Sender<SendItem>,
+    /// The schema version PRODUCER_SUCCESS carried (None without a schema).
+    schema_version: Option<Bytes>,
+}
+
+/// `cmd` (a PRODUCER_SUCCESS) carrying the producer's schema version.
+fn with_schema_version(mut cmd: BaseCommand, version: &Option<Bytes>) -> BaseCommand {
+    if let Some(ps) = cmd.producer_success.as_mut() {
+        ps.schema_version.clone_from(version);
+    }
+    cmd
 }
 
 /// Per-connection state owned by the reader task.
@@ -203,6 +213,8 @@ pub struct Conn {
     producers: HashMap<u64, ProducerEntry>,
     /// This connection's consumers.
     pub consumers: Consumers,
+    /// This connection's producers and consumers on non-persistent topics.
+    pub np: crate::non_persistent::conn::NpHandles,
     generation: u64,
     publish_permits: Arc<Semaphore>,
     lookup_permits: Arc<Semaphore>,
@@ -266,6 +278,7 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
         connected: false,
         producers: HashMap::new(),
         consumers: Consumers::default(),
+        np: crate::non_persistent::conn::NpHandles::default(),
         generation: 0,
         publish_permits: Arc::new(Semaphore::new(
             state.config.pending_publishes_per_connection_max,
@@ -396,7 +409,17 @@ impl Conn {
 
     /// Producers plus consumers on this connection.
     pub fn handles(&self) -> usize {
-        self.producers.len() + self.consumers.len()
+        self.producers.len() + self.consumers.len() + self.np.len()
+    }
+
+    /// Whether `producer_id` is a (persistent-topic) producer here.
+    pub fn has_producer_id(&self, producer_id: u64) -> bool {
+        self.producers.contains_key(&producer_id)
+    }
+
+    /// Whether `consumer_id` is a (persistent-topic) consumer here.
+    pub fn has_consumer_id(&self, consumer_id: u64) -> bool {
+        self.consumers.contains(consumer_id)
     }
 
     async fn on_frame(
@@ -471,6 +494,11 @@ impl Conn {
                     return Err(CloseReason::BadInput("SEND without a payload".into()));
                 };
                 let c = cmd.send.as_ref().ok_or_else(|| missing("SEND"))?;
+                if self.np.has_producer(c.producer_id) {
+                    // Handled at once: the publish permit stays reserved.
+                    crate::non_persistent::conn::on_send(self, c, p.checksum, p.entry).await;
+                    return Ok(());
+                }
                 let item_permit = reserved.take();
                 let Some(permit) = item_permit else {
                     return Err(CloseReason::BadInput(
@@ -497,7 +525,9 @@ impl Conn {
                     .close_producer
                     .as_ref()
                     .ok_or_else(|| missing("CLOSE_PRODUCER"))?;
-                self.remove_producer(c.producer_id);
+                if !crate::non_persistent::conn::remove_producer(self, c.producer_id) {
+                    self.remove_producer(c.producer_id);
+                }
                 self.send(commands::success(c.request_id)).await;
                 Ok(())
             }
@@ -518,7 +548,25 @@ impl Conn {
                 self.on_get_topics_of_namespace(c).await;
                 Ok(())
             }
-            Type::GetSchema | Type::GetOrCreateSchema | Type::AuthResponse => {
+            Type::GetSchema => {
+                let c = cmd
+                    .get_schema
+                    .as_ref()
+                    .ok_or_else(|| missing("GET_SCHEMA"))?;
+                self.send(crate::schema::wire::get_schema_reply(&self.state, c).await)
+                    .await;
+                Ok(())
+            }
+            Type::GetOrCreateSchema => {
+                let c = cmd
+                    .get_or_create_schema
+                    .as_ref()
+                    .ok_or_else(|| missing("GET_OR_CREATE_SCHEMA"))?;
+                self.send(crate::schema::wire::get_or_create_reply(&self.state, c).await)
+                    .await;
+                Ok(())
+            }
+            Type::AuthResponse => {
                 self.send_error(
                     request_id_of(&cmd),
                     (
@@ -648,13 +696,15 @@ impl Conn {
         c: &cms_client::proto::pulsar::CommandGetTopicsOfNamespace,
     ) {
         let ctx = self.state.topics.context();
-        let r = crate::topic_discovery::topics_of_namespace(
+        let np_in_use = self.state.topics.non_persistent().names();
+        let r = crate::topic_discovery::topics_of_namespace_with(
             &*ctx.store,
             &ctx.layout,
             &c.namespace,
             crate::topic_discovery::ListMode::from_wire(c.mode),
             c.topics_pattern.as_deref(),
             c.topics_hash.as_deref(),
+            &np_in_use,
         )
         .await;
         match r {
@@ -713,6 +763,12 @@ impl Conn {
     }
 
     async fn on_producer(&mut self, c: &CommandProducer) {
+        if crate::non_persistent::conn::is_non_persistent(&c.topic)
+            || self.np.has_producer(c.producer_id)
+        {
+            crate::non_persistent::conn::on_producer(self, c).await;
+            return;
+        }
         if let Some(existing) = self.producers.get(&c.producer_id) {
             // A retry of a request that already succeeded (G8).
             if existing.topic.name.to_string()
@@ -722,12 +778,10 @@ impl Conn {
                 && existing.ready.load(Ordering::Acquire)
             {
                 let name = existing.name.clone();
-                self.send(commands::producer_success(
-                    c.request_id,
-                    &name,
-                    -1,
-                    true,
-                    None,
+                let schema_version = existing.schema_version.clone();
+                self.send(with_schema_version(
+                    commands::producer_success(c.request_id, &name, -1, true, None),
+                    &schema_version,
                 ))
                 .await;
             } else {
@@ -779,6 +833,16 @@ impl Conn {
                 return;
             }
         };
+        let schema_version =
+            match crate::schema::wire::producer_schema(&self.state, &topic.name, c.schema.as_ref())
+                .await
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    self.send_error(c.request_id, e).await;
+                    return;
+                }
+            };
         let name = match c.producer_name.as_deref() {
             Some(n) if !n.is_empty() && c.user_provided_producer_name.unwrap_or(true) => {
                 n.to_string()
@@ -808,12 +872,15 @@ impl Conn {
             }
             Ok(ProducerAdmission::Ready(g)) => {
                 ready.store(true, Ordering::Release);
-                self.send(commands::producer_success(
-                    c.request_id,
-                    &g.name,
-                    last_sequence_id(&topic, &g.name),
-                    true,
-                    g.topic_epoch,
+                self.send(with_schema_version(
+                    commands::producer_success(
+                        c.request_id,
+                        &g.name,
+                        last_sequence_id(&topic, &g.name),
+                        true,
+                        g.topic_epoch,
+                    ),
+                    &schema_version,
                 ))
                 .await;
             }
@@ -830,17 +897,21 @@ impl Conn {
                 let ready = ready.clone();
                 let request_id = c.request_id;
                 let t = topic.clone();
+                let schema_version = schema_version.clone();
                 tokio::spawn(
                     async move {
                         if let Ok(g) = rx.await {
                             ready.store(true, Ordering::Release);
                             let _ = out
-                                .send(Frame::Command(commands::producer_success(
-                                    request_id,
-                                    &g.name,
-                                    last_sequence_id(&t, &g.name),
-                                    true,
-                                    g.topic_epoch,
+                                .send(Frame::Command(with_schema_version(
+                                    commands::producer_success(
+                                        request_id,
+                                        &g.name,
+                                        last_sequence_id(&t, &g.name),
+                                        true,
+                                        g.topic_epoch,
+                                    ),
+                                    &schema_version,
                                 )))
                                 .await;
                         }
@@ -897,6 +968,7 @@ impl Conn {
                 generation,
                 ready,
                 sends: sends_tx,
+                schema_version,
             },
         );
     }

@@ -86,6 +86,11 @@ impl Consumers {
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
+
+    /// Whether `consumer_id` is one of them.
+    pub fn contains(&self, consumer_id: u64) -> bool {
+        self.by_id.contains_key(&consumer_id)
+    }
 }
 
 /// Messages in a stored entry (a batch counts its messages, G11); 1 if the
@@ -192,6 +197,9 @@ pub(crate) async fn on_command(
             commands::command_name(cmd)
         ))
     };
+    if crate::non_persistent::conn::claims(conn, ty, cmd) {
+        return crate::non_persistent::conn::on_command(conn, ty, cmd).await;
+    }
     match ty {
         Type::Subscribe => {
             let c = cmd.subscribe.as_ref().ok_or_else(missing)?;
@@ -213,13 +221,26 @@ pub(crate) async fn on_command(
                     format!("consumer {} not found", c.consumer_id),
                 )),
                 Some(e) => {
-                    // A partial batch (ack_set) never acknowledges the entry.
+                    // A partial batch (ack_set) never acknowledges the entry
+                    // cumulatively; individually it is a batch-index ack.
                     let positions: Vec<Position> = c
                         .message_id
                         .iter()
                         .filter(|m| m.ack_set.is_empty())
                         .map(position_of)
                         .collect();
+                    let mut batch_err = None;
+                    if c.ack_type != AckType::Cumulative as i32 {
+                        for m in c.message_id.iter().filter(|m| !m.ack_set.is_empty()) {
+                            if let Err(err) = e
+                                .sub
+                                .ack_batch_index(e.id, position_of(m), &m.ack_set)
+                                .await
+                            {
+                                batch_err.get_or_insert(err);
+                            }
+                        }
+                    }
                     let r = if c.ack_type == AckType::Cumulative as i32 {
                         match positions.last() {
                             Some(p) => e.sub.ack_cumulative(e.id, *p).await,
@@ -227,6 +248,10 @@ pub(crate) async fn on_command(
                         }
                     } else {
                         e.sub.ack_individual(e.id, &positions).await
+                    };
+                    let r = match batch_err {
+                        Some(err) if r.is_ok() => Err(err),
+                        _ => r,
                     };
                     r.map_err(|err| sub_error_reply(&err))
                 }
@@ -279,10 +304,23 @@ pub(crate) async fn on_command(
                             .await
                             .map_err(|err| sub_error_reply(&err))
                     }
-                    (None, Some(_)) => Err((
-                        ServerError::NotAllowedError,
-                        "seek by publish time is not supported yet".to_string(),
-                    )),
+                    (None, Some(ts)) => e
+                        .sub
+                        .seek_publish_time(ts, |entry| {
+                            cms_client::proto::frame::parse_entry(entry)
+                                .ok()
+                                .map(|p| p.metadata.publish_time)
+                        })
+                        .await
+                        .map(|found| {
+                            debug!(
+                                consumer_id = c.consumer_id,
+                                publish_time = ts,
+                                ?found,
+                                "seek by publish time"
+                            );
+                        })
+                        .map_err(|err| sub_error_reply(&err)),
                     (None, None) => Err((
                         ServerError::NotAllowedError,
                         "SEEK needs a message id".to_string(),
@@ -291,12 +329,17 @@ pub(crate) async fn on_command(
             };
             match reply {
                 Ok(()) => {
-                    conn.send(commands::success(c.request_id)).await;
                     // As Pulsar does: the seeking consumer is disconnected
-                    // and subscribes again (pulsar-client-cpp drops what
-                    // arrives between the seek and its reconnection).
-                    remove_consumer(conn, c.consumer_id).await;
+                    // (before the seek is answered, so the client takes the
+                    // answer during its reconnection and resubscribes from
+                    // the seek target; pulsar-client-cpp drops what arrives
+                    // between the seek and its reconnection). A reader's
+                    // subscription is kept for its resubscribe, which finds
+                    // the moved cursor (Pulsar's
+                    // `removeConsumer(.., isResetCursor)`).
+                    detach_for_seek(conn, c.consumer_id).await;
                     conn.send(commands::close_consumer(c.consumer_id, 0)).await;
+                    conn.send(commands::success(c.request_id)).await;
                 }
                 Err(r) => conn.send_error(c.request_id, r).await,
             }
@@ -400,6 +443,53 @@ pub(crate) async fn on_command(
     Ok(())
 }
 
+/// The checks of a SUBSCRIBE before its topic is touched (handle limit,
+/// subscription name, type, Key_Shared settings), shared with
+/// [`crate::non_persistent`]: its type and Key_Shared settings.
+pub(crate) fn check_subscribe(
+    conn: &Conn,
+    c: &CommandSubscribe,
+    id: ConsumerId,
+) -> Result<(SubType, Option<KeySharedSpec>), ErrorReply> {
+    if conn.handles() >= conn.state.config.handles_per_connection_max {
+        return Err((
+            ServerError::NotAllowedError,
+            format!(
+                "connection reached {} producers and consumers",
+                conn.state.config.handles_per_connection_max
+            ),
+        ));
+    }
+    check_subscription_name(&c.subscription).map_err(|m| (ServerError::NotAllowedError, m))?;
+    let sub_type = match command_subscribe::SubType::try_from(c.sub_type) {
+        Ok(command_subscribe::SubType::Exclusive) => SubType::Exclusive,
+        Ok(command_subscribe::SubType::Shared) => SubType::Shared,
+        Ok(command_subscribe::SubType::Failover) => SubType::Failover,
+        Ok(command_subscribe::SubType::KeyShared) => SubType::KeyShared,
+        Err(_) => {
+            return Err((
+                ServerError::NotAllowedError,
+                format!("unknown subscription type {}", c.sub_type),
+            ));
+        }
+    };
+    let key_shared = if sub_type == SubType::KeyShared {
+        Some(
+            key_shared_spec(id, c.key_shared_meta.as_ref())
+                .map_err(|e| (ServerError::ConsumerAssignError, e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    Ok((sub_type, key_shared))
+}
+
+/// The Pulsar error for a refused consumer (shared with
+/// [`crate::non_persistent`]).
+pub(crate) fn dispatch_error_reply(e: &DispatchError) -> ErrorReply {
+    sub_error_reply(&SubError::Dispatch(e.clone()))
+}
+
 async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
     if let Some(existing) = conn.consumers.by_id.get(&c.consumer_id) {
         // A retry of a request that already succeeded (G8).
@@ -420,57 +510,13 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         }
         return;
     }
-    if conn.handles() >= conn.state.config.handles_per_connection_max {
-        conn.send_error(
-            c.request_id,
-            (
-                ServerError::NotAllowedError,
-                format!(
-                    "connection reached {} producers and consumers",
-                    conn.state.config.handles_per_connection_max
-                ),
-            ),
-        )
-        .await;
-        return;
-    }
-    if let Err(m) = check_subscription_name(&c.subscription) {
-        conn.send_error(c.request_id, (ServerError::NotAllowedError, m))
-            .await;
-        return;
-    }
-    let sub_type = match command_subscribe::SubType::try_from(c.sub_type) {
-        Ok(command_subscribe::SubType::Exclusive) => SubType::Exclusive,
-        Ok(command_subscribe::SubType::Shared) => SubType::Shared,
-        Ok(command_subscribe::SubType::Failover) => SubType::Failover,
-        Ok(command_subscribe::SubType::KeyShared) => SubType::KeyShared,
-        Err(_) => {
-            conn.send_error(
-                c.request_id,
-                (
-                    ServerError::NotAllowedError,
-                    format!("unknown subscription type {}", c.sub_type),
-                ),
-            )
-            .await;
+    let id = ConsumerId::new(conn.id, c.consumer_id);
+    let (sub_type, key_shared) = match check_subscribe(conn, c, id) {
+        Ok(v) => v,
+        Err(e) => {
+            conn.send_error(c.request_id, e).await;
             return;
         }
-    };
-    let id = ConsumerId::new(conn.id, c.consumer_id);
-    let key_shared = if sub_type == SubType::KeyShared {
-        match key_shared_spec(id, c.key_shared_meta.as_ref()) {
-            Ok(spec) => Some(spec),
-            Err(e) => {
-                conn.send_error(
-                    c.request_id,
-                    (ServerError::ConsumerAssignError, e.to_string()),
-                )
-                .await;
-                return;
-            }
-        }
-    } else {
-        None
     };
     let topic = match conn
         .load_topic(&c.topic, c.force_topic_creation.unwrap_or(true))
@@ -482,6 +528,12 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             return;
         }
     };
+    if let Err(e) =
+        crate::schema::wire::consumer_schema(&conn.state, &topic.name, c.schema.as_ref()).await
+    {
+        conn.send_error(c.request_id, e).await;
+        return;
+    }
     let initial = match c
         .initial_position
         .map(command_subscribe::InitialPosition::try_from)
@@ -489,6 +541,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         Some(Ok(command_subscribe::InitialPosition::Earliest)) => InitialPosition::Earliest,
         _ => InitialPosition::Latest,
     };
+    debug!(durable = ?c.durable, start = ?c.start_message_id, subscription = %c.subscription, "SUBSCRIBE start position");
     let open_as = if c.durable.unwrap_or(true) {
         OpenAs::Durable(initial)
     } else {
@@ -612,8 +665,19 @@ async fn forward(
                 position,
                 redelivery_count,
                 entry,
+                ack_set,
                 ..
             } => {
+                let mut command = commands::message(
+                    consumer_id,
+                    position.ledger_id,
+                    position.entry_id as u64,
+                    redelivery_count,
+                );
+                if let Some(m) = command.message.as_mut() {
+                    // Batch-index acks: the client skips the acked messages.
+                    m.ack_set = ack_set;
+                }
                 state
                     .metrics
                     .messages_out
@@ -623,12 +687,7 @@ async fn forward(
                     .bytes_out
                     .inc_by(u64::try_from(entry.len()).unwrap_or(u64::MAX));
                 Frame::Payload(PayloadFrame {
-                    command: commands::message(
-                        consumer_id,
-                        position.ledger_id,
-                        position.entry_id as u64,
-                        redelivery_count,
-                    ),
+                    command,
                     broker_entry_metadata: None,
                     checksum: ChecksumState::Valid,
                     entry,
@@ -656,6 +715,34 @@ async fn remove_consumer(conn: &mut Conn, consumer_id: u64) {
     debug!(consumer_id, "consumer closed");
 }
 
+/// After a SEEK: the consumer leaves its subscription, but a reader's
+/// subscription (non-durable: its moved cursor is all there is) stays open
+/// for the client's resubscribe, for at most
+/// [`crate::subscriptions::SEEK_RESUBSCRIBE_GRACE_MS`] without a consumer.
+async fn detach_for_seek(conn: &mut Conn, consumer_id: u64) {
+    let Some(e) = conn.consumers.by_id.remove(&consumer_id) else {
+        return;
+    };
+    conn.state.metrics.consumers.dec();
+    if let Err(err) = e.sub.remove_consumer(e.id) {
+        debug!(consumer_id, error = %err, "removing the consumer");
+    }
+    if e.sub.is_durable() {
+        e.topic.subscriptions.consumer_left(&e.sub).await;
+    } else {
+        let topic = e.topic.clone();
+        let sub = e.sub.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(
+                crate::subscriptions::SEEK_RESUBSCRIBE_GRACE_MS,
+            ))
+            .await;
+            topic.subscriptions.consumer_left(&sub).await;
+        });
+    }
+    debug!(consumer_id, "consumer detached for seek");
+}
+
 /// The broker closed a consumer (its topic unloaded): forget it, tell the client.
 pub(crate) async fn on_closed_by_broker(conn: &mut Conn, consumer_id: u64, generation: u64) {
     if conn
@@ -676,6 +763,7 @@ pub(crate) async fn on_closed_by_broker(conn: &mut Conn, consumer_id: u64, gener
 /// The connection ends: every consumer leaves its subscription (its
 /// unacknowledged messages go to the others or wait for the next consumer).
 pub(crate) async fn remove_all(conn: &mut Conn) {
+    crate::non_persistent::conn::remove_all(conn);
     let ids: Vec<u64> = conn.consumers.by_id.keys().copied().collect();
     for id in ids {
         remove_consumer(conn, id).await;

@@ -34,8 +34,11 @@ pub struct BrokerMetrics {
     pub bytes_out: IntCounter,
     /// From SEND received to SEND_RECEIPT queued, in seconds.
     pub publish_latency: Histogram,
-    /// Topics loaded (managed ledger open).
+    /// Topics loaded (managed ledger open, or non-persistent in use).
     pub topics_loaded: IntGauge,
+    /// Non-persistent messages dropped (no consumer, no permits or a full
+    /// consumer queue), counted once per subscription.
+    pub nonpersistent_dropped: IntCounter,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(
@@ -116,6 +119,14 @@ impl BrokerMetrics {
             topics_loaded: reg(
                 r,
                 gauge("cms_broker_topics_loaded", "Topics loaded on this broker")?,
+            )?,
+            nonpersistent_dropped: reg(
+                r,
+                counter(
+                    "cms_nonpersistent_messages_dropped_total",
+                    "Non-persistent messages dropped on a subscription (no consumer, no permits \
+                     or a full consumer queue)",
+                )?,
             )?,
         })
     }

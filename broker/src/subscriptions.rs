@@ -5,7 +5,9 @@
 //!
 //! Promises: one subscription object per name at a time (opens of one name
 //! are serialised); a reader's subscription is closed (its cursor dropped)
-//! when its last consumer leaves; closing the topic closes every
+//! when its last consumer leaves, except after a SEEK, when it waits up to
+//! [`SEEK_RESUBSCRIBE_GRACE_MS`] for the client's resubscribe (which reuses
+//! it and its moved cursor, as Pulsar does); closing the topic closes every
 //! subscription, which persists the durable cursors.
 
 use std::collections::HashMap;
@@ -17,6 +19,11 @@ use crate::managed_ledger::io::ManagedLedger;
 use crate::subscription::{
     MessageCounter, StartPosition, SubError, Subscription, SubscriptionConfig,
 };
+
+/// How long a reader's subscription stays open without a consumer after a
+/// SEEK (the client resubscribes at once and must find the moved cursor);
+/// after it, it is closed like any reader without consumers.
+pub const SEEK_RESUBSCRIBE_GRACE_MS: u64 = 30_000;
 
 /// How a subscription is opened when it is not open yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +101,11 @@ impl Subscriptions {
             return;
         }
         let mut subs = self.subs.lock().await;
-        if sub.consumer_count() == 0 && subs.remove(sub.name()).is_some() {
+        // Only this very object (a later reader of the same name stays).
+        if sub.consumer_count() == 0
+            && subs.get(sub.name()).is_some_and(|s| s.same_as(sub))
+            && subs.remove(sub.name()).is_some()
+        {
             drop(subs);
             if let Err(e) = sub.close().await {
                 warn!(subscription = sub.name(), error = %e, "closing a reader");

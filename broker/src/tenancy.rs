@@ -117,6 +117,13 @@ pub struct NamespacePolicies {
     /// Clusters the namespace is replicated to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replication_clusters: Vec<String>,
+    /// Schema compatibility strategy (`FULL`, `BACKWARD`, ...; None or
+    /// `UNDEFINED` = the broker default FULL), see [`crate::schema`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_compatibility_strategy: Option<String>,
+    /// Whether producers may add schema versions (Pulsar default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_allow_auto_update_schema: Option<bool>,
 }
 
 /// Pulsar's `AutoTopicCreationOverride` (JSON
@@ -304,6 +311,9 @@ impl NamespacePolicies {
             .chain(self.subscription_dispatch_rate.values())
         {
             r.validate()?;
+        }
+        if let Some(s) = &self.schema_compatibility_strategy {
+            crate::schema::Strategy::parse(s)?;
         }
         if let Some(b) = &self.bundles
             && (b.num_bundles == 0 || b.num_bundles > BUNDLES_MAX)

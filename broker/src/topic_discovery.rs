@@ -43,7 +43,8 @@ pub const PATTERN_BYTES_MAX: usize = 1024;
 pub enum ListMode {
     /// `persistent://` topics.
     Persistent,
-    /// `non-persistent://` topics (none are stored by this broker).
+    /// `non-persistent://` topics: those in use on this broker plus the
+    /// partitions of partitioned ones.
     NonPersistent,
     /// Both.
     All,
@@ -192,6 +193,50 @@ pub async fn persistent_topics(
     Ok(names.into_iter().collect())
 }
 
+/// The non-persistent topics of `tenant/ns`: `in_use` (the broker's loaded
+/// ones, any namespace; filtered here) plus every partition of every
+/// partitioned non-persistent topic.
+pub async fn non_persistent_topics(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    tenant: &str,
+    namespace: &str,
+    in_use: &[TopicName],
+) -> Result<Vec<String>, ErrorReply> {
+    let mut names: BTreeSet<String> = in_use
+        .iter()
+        .filter(|n| {
+            n.domain == Domain::NonPersistent && n.tenant == tenant && n.namespace == namespace
+        })
+        .map(ToString::to_string)
+        .collect();
+    let parts = partitioned::list(store, layout, tenant, namespace, Domain::NonPersistent)
+        .await
+        .map_err(partitioned_reply)?;
+    let mut bytes: usize = names.iter().map(String::len).sum();
+    for base in parts {
+        let n = partitioned::partitions(store, layout, &base)
+            .await
+            .map_err(partitioned_reply)?
+            .unwrap_or(0);
+        for i in 0..n {
+            let name = partition_name(&base, i).to_string();
+            bytes += name.len();
+            if bytes > TOPIC_LIST_BYTES_MAX {
+                return Err((
+                    ServerError::NotAllowedError,
+                    format!(
+                        "namespace {tenant}/{namespace} has more topics than one answer may carry \
+                         ({TOPIC_LIST_BYTES_MAX} bytes of names)"
+                    ),
+                ));
+            }
+            names.insert(name);
+        }
+    }
+    Ok(names.into_iter().collect())
+}
+
 /// Parses `tenant/ns` (Pulsar's v2 namespace name).
 pub fn parse_namespace(ns: &str) -> Result<(String, String), ErrorReply> {
     match ns.split('/').collect::<Vec<_>>().as_slice() {
@@ -203,7 +248,8 @@ pub fn parse_namespace(ns: &str) -> Result<(String, String), ErrorReply> {
     }
 }
 
-/// GET_TOPICS_OF_NAMESPACE.
+/// GET_TOPICS_OF_NAMESPACE, without non-persistent topics in use (see
+/// [`topics_of_namespace_with`]).
 pub async fn topics_of_namespace(
     store: &dyn MetadataStore,
     layout: &Layout,
@@ -211,6 +257,20 @@ pub async fn topics_of_namespace(
     mode: ListMode,
     pattern: Option<&str>,
     client_hash: Option<&str>,
+) -> Result<TopicList, ErrorReply> {
+    topics_of_namespace_with(store, layout, namespace, mode, pattern, client_hash, &[]).await
+}
+
+/// GET_TOPICS_OF_NAMESPACE; `np_in_use`: the non-persistent topics loaded
+/// on this broker (listed in modes NON_PERSISTENT and ALL).
+pub async fn topics_of_namespace_with(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    namespace: &str,
+    mode: ListMode,
+    pattern: Option<&str>,
+    client_hash: Option<&str>,
+    np_in_use: &[TopicName],
 ) -> Result<TopicList, ErrorReply> {
     let (tenant, ns) = parse_namespace(namespace)?;
     match namespace_policies(store, layout, &tenant, &ns).await {
@@ -223,12 +283,13 @@ pub async fn topics_of_namespace(
         }
         Err(e) => return Err(metadata_reply(e)),
     }
-    let topics = match mode {
-        ListMode::Persistent | ListMode::All => {
-            persistent_topics(store, layout, &tenant, &ns).await?
-        }
-        ListMode::NonPersistent => Vec::new(),
-    };
+    let mut topics = Vec::new();
+    if matches!(mode, ListMode::Persistent | ListMode::All) {
+        topics.extend(persistent_topics(store, layout, &tenant, &ns).await?);
+    }
+    if matches!(mode, ListMode::NonPersistent | ListMode::All) {
+        topics.extend(non_persistent_topics(store, layout, &tenant, &ns, np_in_use).await?);
+    }
     Ok(answer(topics, pattern, client_hash))
 }
 
@@ -253,7 +314,7 @@ pub async fn partition_count(
         }
         Err(e) => return Err(metadata_reply(e)),
     };
-    if partition_of(name).is_some() || name.domain != Domain::Persistent {
+    if partition_of(name).is_some() {
         return Ok(0);
     }
     if let Some(n) = partitioned::partitions(store, layout, name)
@@ -266,6 +327,12 @@ pub async fn partition_count(
     if !may_create || !auto.allowed || auto.topic_type != AutoTopicType::Partitioned {
         return Ok(0);
     }
+    // A non-persistent topic is never stored: only its partitioned
+    // metadata says what it is (one in use as non-partitioned is not seen
+    // here, as in Pulsar before it is first listed).
+    if name.domain != Domain::Persistent {
+        return create_partitioned(store, layout, name, auto.partitions).await;
+    }
     // An existing non-partitioned topic stays what it is.
     let ml_path =
         crate::managed_ledger::io::managed_ledger::node_path(layout, &name.managed_ledger_name())
@@ -275,11 +342,20 @@ pub async fn partition_count(
         Ok(None) | Err(MetadataError::NoNode(_)) => {}
         Err(e) => return Err(metadata_reply(e)),
     }
-    match partitioned::create(store, layout, name, auto.partitions).await {
+    create_partitioned(store, layout, name, auto.partitions).await
+}
+
+async fn create_partitioned(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    name: &TopicName,
+    partitions: u32,
+) -> Result<u32, ErrorReply> {
+    match partitioned::create(store, layout, name, partitions).await {
         Ok(()) => {
             tracing::info!(tenant = %name.tenant, namespace = %name.namespace, topic = %name,
-                partitions = auto.partitions, "partitioned topic auto-created");
-            Ok(auto.partitions)
+                partitions, "partitioned topic auto-created");
+            Ok(partitions)
         }
         // Created concurrently: answer what is stored.
         Err(PartitionedError::AlreadyExists(_)) => Ok(partitioned::partitions(store, layout, name)
@@ -509,6 +585,49 @@ mod tests {
         .await
         .unwrap();
         assert!(np.topics.is_empty());
+        // Non-persistent: partitioned metadata is stored (auto-created when
+        // partitioned), its partitions and the topics in use are listed.
+        assert_eq!(
+            count("non-persistent://public/default/np", parted).await,
+            Ok(4)
+        );
+        assert_eq!(
+            count("non-persistent://public/default/np", plain).await,
+            Ok(4)
+        );
+        assert_eq!(
+            count("non-persistent://public/default/flat", plain).await,
+            Ok(0)
+        );
+        assert_eq!(
+            using("non-persistent://public/default/np").await,
+            Err(ServerError::NotAllowedError)
+        );
+        let in_use = [
+            t("non-persistent://public/default/live"),
+            t("non-persistent://other/ns/elsewhere"),
+        ];
+        let np = topics_of_namespace_with(
+            &store,
+            &layout,
+            "public/default",
+            ListMode::NonPersistent,
+            None,
+            None,
+            &in_use,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            np.topics,
+            names(&[
+                "non-persistent://public/default/live",
+                "non-persistent://public/default/np-partition-0",
+                "non-persistent://public/default/np-partition-1",
+                "non-persistent://public/default/np-partition-2",
+                "non-persistent://public/default/np-partition-3",
+            ])
+        );
         let f = topics_of_namespace(
             &store,
             &layout,

@@ -18,7 +18,9 @@
 //! - once an [`Ownership`] is attached ([`Topics::set_ownership`], cluster
 //!   mode), a topic is loaded only if this broker owns its bundle (else
 //!   `ServiceNotReady`): loading opens the managed ledger, which would fence
-//!   the real owner (invariant 5).
+//!   the real owner (invariant 5);
+//! - non-persistent topics are held in [`crate::non_persistent::NpTopics`]
+//!   (no managed ledger) and count against `topics_loaded_max` too.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -212,6 +214,7 @@ pub struct Topics {
     slots: Mutex<HashMap<TopicName, Arc<OnceCell<Arc<Topic>>>>>,
     shutting_down: std::sync::atomic::AtomicBool,
     ownership: OnceLock<Weak<Ownership>>,
+    non_persistent: crate::non_persistent::NpTopics,
 }
 
 impl std::fmt::Debug for Topics {
@@ -223,17 +226,76 @@ impl std::fmt::Debug for Topics {
 impl Topics {
     /// No topic loaded yet.
     pub fn new(ctx: TopicContext) -> Arc<Self> {
+        let non_persistent = crate::non_persistent::NpTopics::new(
+            ctx.metrics.nonpersistent_dropped.clone(),
+            ctx.metrics.topics_loaded.clone(),
+        );
         Arc::new(Self {
             ctx,
             slots: Mutex::new(HashMap::new()),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             ownership: OnceLock::new(),
+            non_persistent,
         })
     }
 
     /// Attaches the ownership gate (once; later calls are ignored).
     pub fn set_ownership(&self, ownership: &Arc<Ownership>) {
         let _ = self.ownership.set(Arc::downgrade(ownership));
+    }
+
+    /// The loaded non-persistent topics.
+    pub fn non_persistent(&self) -> &crate::non_persistent::NpTopics {
+        &self.non_persistent
+    }
+
+    /// Takes a hold on non-persistent topic `name` for one producer or
+    /// consumer (release it with [`crate::non_persistent::NpTopics::detach`]):
+    /// the same checks as loading a persistent topic (shutdown, ownership,
+    /// namespace, auto-creation, `topics_loaded_max` counting both kinds),
+    /// without storage.
+    pub async fn attach_non_persistent(
+        &self,
+        name: &TopicName,
+        create: bool,
+    ) -> Result<Arc<crate::non_persistent::NpTopic>, TopicError> {
+        if self
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(TopicError::ServiceNotReady(
+                "broker is shutting down".into(),
+            ));
+        }
+        if let Some(o) = self.ownership.get().and_then(Weak::upgrade) {
+            o.check_owned(name)
+                .await
+                .map_err(TopicError::ServiceNotReady)?;
+        }
+        let ctx = &self.ctx;
+        let policies = namespace_policies(&*ctx.store, &ctx.layout, &name.tenant, &name.namespace)
+            .await
+            .map_err(|e| TopicError::Persistence(e.to_string()))?;
+        let Some(policies) = policies else {
+            return Err(TopicError::NotFound(format!(
+                "namespace {} does not exist",
+                name.namespace_name()
+            )));
+        };
+        let auto = policies
+            .auto_creation(crate::tenancy::AutoCreation {
+                allowed: ctx.allow_auto_topic_creation,
+                topic_type: crate::tenancy::AutoTopicType::NonPartitioned,
+                partitions: 1,
+            })
+            .allowed;
+        let persistent_loaded = lock(&self.slots).len();
+        Ok(self.non_persistent.attach(
+            name,
+            create && auto,
+            persistent_loaded,
+            ctx.topics_loaded_max,
+        )?)
     }
 
     /// The context (store, layout, ...).
@@ -264,7 +326,8 @@ impl Topics {
     ) -> Result<Arc<Topic>, TopicError> {
         if name.domain != Domain::Persistent {
             return Err(TopicError::NotAllowed(format!(
-                "{name}: non-persistent topics are not served yet"
+                "{name}: non-persistent topics have no managed ledger \
+                 (see Topics::attach_non_persistent)"
             )));
         }
         if self
@@ -285,10 +348,10 @@ impl Topics {
             if let Some(c) = slots.get(name) {
                 c.clone()
             } else {
-                if slots.len() >= self.ctx.topics_loaded_max {
+                let loaded = slots.len() + self.non_persistent.len();
+                if loaded >= self.ctx.topics_loaded_max {
                     return Err(TopicError::ServiceNotReady(format!(
-                        "broker has {} topics loaded (topics_loaded_max)",
-                        slots.len()
+                        "broker has {loaded} topics loaded (topics_loaded_max)"
                     )));
                 }
                 let c = Arc::new(OnceCell::new());

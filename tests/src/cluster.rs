@@ -441,7 +441,7 @@ pub fn python() -> std::path::PathBuf {
     }
     panic!(
         "no Python with pulsar-client: set {PYTHON_ENV} or create {} with \
-         `python3 -m venv .venv && .venv/bin/pip install 'pulsar-client==3.13.*'` at the repo root",
+         `python3 -m venv .venv && .venv/bin/pip install 'pulsar-client[avro]==3.13.*'` at the repo root",
         venv.display()
     );
 }

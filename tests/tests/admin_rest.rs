@@ -721,7 +721,27 @@ async fn topics_subscriptions_and_stats_with_the_python_client() {
     assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 10, "{stats}");
     assert_eq!(a.status("POST", &format!("{expire}/0"), None).await, 400);
     let aged = produced_at + Duration::from_secs(2);
+    a.ok("POST", &format!("{sub}/expireMessages/3600"), None)
+        .await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 10, "{stats}");
+    assert_eq!(
+        a.status("POST", &format!("{sub}/expireMessages/x"), None)
+            .await,
+        400
+    );
     tokio::time::sleep_until(aged).await;
+    // One subscription...
+    a.ok("POST", &format!("{sub}/expireMessages/1"), None).await;
+    let stats = a.get(&format!("{base}/orders/stats")).await;
+    assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");
+    // ...and all of them.
+    a.ok(
+        "POST",
+        &format!("{sub}/resetcursor"),
+        Some(r#"{"ledgerId":-1,"entryId":-1}"#),
+    )
+    .await;
     a.ok("POST", &format!("{expire}/1"), None).await;
     let stats = a.get(&format!("{base}/orders/stats")).await;
     assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 0, "{stats}");
@@ -966,8 +986,49 @@ async fn a_policy_set_through_one_broker_applies_on_another() {
         run.json, run.stderr
     );
 
-    // Retention and TTL set through A reach the topic loaded on B: B
-    // reloads it with the new settings within seconds.
+    // Topic requests go to the topic's owner: the other broker answers 307
+    // to the same path there (the Admin client follows it).
+    let stats = "/admin/v2/persistent/shared/ns/made/stats?x=1";
+    let direct = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_millis(ADMIN_REQUEST_TIMEOUT_MS))
+        .build()
+        .expect("http client");
+    let mut owners = Vec::new();
+    let mut redirects = Vec::new();
+    for b in [&b1, &b2] {
+        let r = direct
+            .get(format!("http://{}{stats}", b.http()))
+            .send()
+            .await
+            .expect("stats");
+        match r.status().as_u16() {
+            200 => owners.push(b.http()),
+            307 => redirects.push(
+                r.headers()["location"]
+                    .to_str()
+                    .expect("location")
+                    .to_string(),
+            ),
+            other => panic!("stats answered {other}: {:?}", r.text().await),
+        }
+    }
+    assert_eq!(
+        (owners.len(), redirects.len()),
+        (1, 1),
+        "{owners:?} {redirects:?}"
+    );
+    assert!(
+        redirects[0].ends_with(&format!("{}{stats}", owners[0])),
+        "{redirects:?} should point at {}",
+        owners[0]
+    );
+    assert!(a1.get(stats).await["storageSize"].as_u64().unwrap() > 0);
+    assert!(a2.get(stats).await["storageSize"].as_u64().unwrap() > 0);
+
+    // Retention and TTL set through A reach the loaded topic on its owner,
+    // which reloads it with the new settings within seconds.
     let stats_path = "/admin/v2/persistent/shared/ns/made/internalStats";
     let before = a2.get(stats_path).await;
     assert_eq!(

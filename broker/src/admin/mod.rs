@@ -9,7 +9,9 @@
 //! JSON nodes; one file per resource.
 //!
 //! Promises: every failure answers JSON `{"reason": ...}` with 400 / 403 /
-//! 404 / 409 / 412 / 500 / 503, never a panic; request bodies are bounded
+//! 404 / 409 / 412 / 500 / 503, never a panic; a single-topic request to a
+//! broker that does not own the topic answers 307 to the same path on the
+//! owner; request bodies are bounded
 //! ([`ADMIN_BODY_BYTES_MAX`]); every metadata update is a read-modify-CAS on
 //! the node version, retried at most [`store::CAS_RETRIES_MAX`] times.
 
@@ -18,6 +20,7 @@ pub mod clusters;
 pub mod names;
 pub mod namespaces;
 pub mod queues;
+pub mod schemas;
 pub mod store;
 pub mod tenants;
 pub mod topics;
@@ -69,6 +72,10 @@ pub enum AdminError {
     /// A bug or corrupt stored data (500).
     #[error("{0}")]
     Internal(String),
+    /// Another broker owns the topic (307 to the same path there; the
+    /// value is that broker's `http://host:port`).
+    #[error("topic served by {0}")]
+    Redirect(String),
 }
 
 impl AdminError {
@@ -82,6 +89,7 @@ impl AdminError {
             AdminError::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             AdminError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AdminError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            AdminError::Redirect(_) => StatusCode::TEMPORARY_REDIRECT,
         }
     }
 }
@@ -103,9 +111,21 @@ impl From<MetadataError> for AdminError {
     }
 }
 
+/// Header carrying a redirect's target broker from the handler to the
+/// route layer, which completes `Location` with the request's path.
+const REDIRECT_BASE_HEADER: &str = "x-cms-redirect-base";
+
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let status = self.status();
+        if let AdminError::Redirect(base) = &self {
+            let mut resp =
+                json_response(status, &serde_json::json!({ "reason": self.to_string() }));
+            if let Ok(v) = axum::http::HeaderValue::from_str(base) {
+                resp.headers_mut().insert(REDIRECT_BASE_HEADER, v);
+            }
+            return resp;
+        }
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), reason = %self, "admin request failed");
         }
@@ -268,6 +288,26 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "POST",
         "/admin/v2/queues/{tenant}/{namespace}/{queue}/purge",
     ),
+    (
+        "GET",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema",
+    ),
+    (
+        "POST",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema",
+    ),
+    (
+        "DELETE",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema",
+    ),
+    (
+        "GET",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema/{version}",
+    ),
+    (
+        "GET",
+        "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schemas",
+    ),
     ("GET", "/admin/v2/{domain}/{tenant}/{namespace}"),
     ("GET", "/admin/v2/{domain}/{tenant}/{namespace}/partitioned"),
     ("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}"),
@@ -344,6 +384,10 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "GET",
         "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/lastMessageId",
     ),
+    (
+        "POST",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/expireMessages/{seconds}",
+    ),
 ];
 
 fn method_filter(m: &str) -> MethodFilter {
@@ -394,10 +438,9 @@ fn table() -> Table {
     use clusters as c;
     use namespaces as n;
     use queues as q;
+    use schemas as sc;
     use tenants as t;
     use topics as tp;
-    const T: &str = "/admin/v2/{domain}/{tenant}/{namespace}/{topic}";
-    let _ = T;
     Table {
         router: Router::new(),
         added: Vec::new(),
@@ -432,6 +475,11 @@ fn table() -> Table {
     .add("DELETE", "/admin/v2/queues/{tenant}/{namespace}/{queue}", q::delete)
     .add("GET", "/admin/v2/queues/{tenant}/{namespace}/{queue}/stats", q::stats)
     .add("POST", "/admin/v2/queues/{tenant}/{namespace}/{queue}/purge", q::purge)
+    .add("GET", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", sc::get_latest)
+    .add("POST", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", sc::upload)
+    .add("DELETE", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", sc::delete)
+    .add("GET", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema/{version}", sc::get_version)
+    .add("GET", "/admin/v2/schemas/{tenant}/{namespace}/{topic}/schemas", sc::get_all)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}", tp::list)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/partitioned", tp::list_partitioned)
     .add("PUT", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}", tp::create)
@@ -454,6 +502,7 @@ fn table() -> Table {
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/skip/{count}", tp::skip)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/position/{position}", tp::peek)
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/all_subscription/expireMessages/{seconds}", tp::expire_all)
+    .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{subscription}/expireMessages/{seconds}", tp::expire)
 }
 
 /// `cms_admin_requests_total{method, route, status}`: route is the path
@@ -487,11 +536,25 @@ pub fn router(state: &Arc<BrokerState>) -> Router<Arc<BrokerState>> {
                 let counter = counter.clone();
                 async move {
                     let method = req.method().as_str().to_string();
+                    let path_and_query = req
+                        .uri()
+                        .path_and_query()
+                        .map_or_else(String::new, |p| p.as_str().to_string());
                     let route = req
                         .extensions()
                         .get::<axum::extract::MatchedPath>()
                         .map_or_else(String::new, |m| m.as_str().to_string());
-                    let resp = next.run(req).await;
+                    let mut resp = next.run(req).await;
+                    // A redirect to the owning broker: same path and query there.
+                    if let Some(base) = resp.headers_mut().remove(REDIRECT_BASE_HEADER)
+                        && let Ok(base) = base.to_str()
+                        && let Ok(loc) = axum::http::HeaderValue::from_str(&format!(
+                            "{}{path_and_query}",
+                            base.trim_end_matches('/')
+                        ))
+                    {
+                        resp.headers_mut().insert(axum::http::header::LOCATION, loc);
+                    }
                     if let Some(c) = &counter {
                         c.with_label_values(&[
                             method.as_str(),
@@ -550,6 +613,9 @@ mod tests {
         assert_eq!(AdminError::Conflict(String::new()).status(), 409);
         assert_eq!(AdminError::PreconditionFailed(String::new()).status(), 412);
         assert_eq!(AdminError::Unavailable(String::new()).status(), 503);
+        assert_eq!(AdminError::Redirect("http://b:8080".into()).status(), 307);
+        let r = AdminError::Redirect("http://b:8080".into()).into_response();
+        assert_eq!(r.headers()[REDIRECT_BASE_HEADER], "http://b:8080");
         assert_eq!(
             AdminError::from(MetadataError::NoNode("/x".into())).status(),
             404

@@ -5,6 +5,7 @@
 //! `maxConsumersPerTopic`, `maxConsumersPerSubscription`,
 //! `maxTopicsPerNamespace`, `maxSubscriptionsPerTopic`, `publishRate`,
 //! `dispatchRate`, `subscriptionDispatchRate`, `persistence`,
+//! `schemaCompatibilityStrategy`, `isAllowAutoUpdateSchema`,
 //! `replication`).
 //!
 //! Policies are stored as Pulsar `Policies` JSON in
@@ -95,6 +96,12 @@ pub fn policy_get(
         "subscriptionDispatchRate" => json!(p.subscription_dispatch_rate.get(c)),
         "persistence" => json!(p.persistence),
         "replication" => json!(p.replication_clusters),
+        "schemaCompatibilityStrategy" => json!(
+            p.schema_compatibility_strategy
+                .as_deref()
+                .unwrap_or("UNDEFINED")
+        ),
+        "isAllowAutoUpdateSchema" => json!(p.is_allow_auto_update_schema.unwrap_or(true)),
         other => return Err(unknown(other)),
     })
 }
@@ -209,6 +216,24 @@ pub fn policy_apply(
             p.replication_clusters = list;
         }
         ("replication", None) => p.replication_clusters.clear(),
+        ("schemaCompatibilityStrategy", Some(v)) => {
+            let name = v.as_str().ok_or_else(|| {
+                AdminError::BadRequest(format!(
+                    "schemaCompatibilityStrategy must be a strategy name, got {v}"
+                ))
+            })?;
+            checked(crate::schema::Strategy::parse(name).map(|_| ()))?;
+            p.schema_compatibility_strategy = Some(name.to_ascii_uppercase());
+        }
+        ("schemaCompatibilityStrategy", None) => p.schema_compatibility_strategy = None,
+        ("isAllowAutoUpdateSchema", Some(v)) => {
+            p.is_allow_auto_update_schema = Some(v.as_bool().ok_or_else(|| {
+                AdminError::BadRequest(format!(
+                    "isAllowAutoUpdateSchema must be true or false, got {v}"
+                ))
+            })?);
+        }
+        ("isAllowAutoUpdateSchema", None) => p.is_allow_auto_update_schema = None,
         (other, _) => return Err(unknown(other)),
     }
     checked(p.validate())
@@ -331,7 +356,9 @@ pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
         )));
     }
     for topic in &stored {
-        topics::delete_stored_topic(&s, topic, true).await?;
+        topics::delete_stored_topic(&s, topic, true)
+            .await
+            .map_err(|e| topics::within_many(topic, e))?;
     }
     for q in &queues {
         match s
@@ -580,7 +607,7 @@ mod tests {
                 matches!(r, Err(AdminError::BadRequest(_))),
                 "{policy} {value}: {r:?}"
             );
-            let _ = before;
+            assert_eq!(p, before, "{policy}: a refused value changed the policies");
         }
         let mut p = NamespacePolicies::default();
         assert!(matches!(

@@ -23,8 +23,8 @@ use tracing::{info, warn};
 
 use crate::admin::namespaces::read_policies;
 use crate::admin::topics::{
-    create_topic_node, delete_stored_topic, load, open_subscription, partitioned_error, stored,
-    sub_config,
+    create_topic_node, delete_stored_topic, load_here as load, open_subscription,
+    partitioned_error, stored, sub_config, within_many,
 };
 use crate::admin::{
     AdminError, AdminResult, Body, Params, QueryParams, St, names, no_content, ok_json, store,
@@ -222,7 +222,9 @@ async fn remove_backing(
 ) -> Result<(), AdminError> {
     for t in queue_topics(topic, info) {
         if stored(s, &t).await? {
-            delete_stored_topic(s, &t, force).await?;
+            delete_stored_topic(s, &t, force)
+                .await
+                .map_err(|e| within_many(&t, e))?;
         }
     }
     if info.partitions > 0 {

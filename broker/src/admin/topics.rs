@@ -8,9 +8,9 @@
 //!
 //! Promises: a topic that does not exist answers 404 and is not created by a
 //! read; a delete without `force` answers 409 while producers or consumers
-//! are connected; non-persistent topics are answered 412 where the broker
-//! would have to serve one (it does not serve them yet) — their partitioned
-//! metadata works. Stats report what the broker tracks today (sizes,
+//! are connected; non-persistent topics are listed and have stats while in
+//! use ([`crate::non_persistent`]), other operations on them answer 412 —
+//! their partitioned metadata works. Stats report what the broker tracks today (sizes,
 //! backlogs, producers, consumers); per-topic rates are not tracked yet and
 //! are left out rather than reported as zero.
 
@@ -30,7 +30,10 @@ use crate::admin::{
 use crate::consumers::message_counter;
 use crate::managed_ledger::io::SeekTarget;
 use crate::managed_ledger::io::managed_ledger::node_path;
-use crate::managed_ledger::{InitialPosition, LedgerList, Position};
+use crate::managed_ledger::{
+    InitialPosition, LedgerList, Position, PublishTimeSearch, SearchResult, SearchStep,
+};
+use crate::ownership::LookupAnswer;
 use crate::partitioned::{self, PartitionedError};
 use crate::service::BrokerState;
 use crate::subscription::{SubError, Subscription, SubscriptionConfig};
@@ -83,7 +86,7 @@ fn topic_of(p: &Params) -> Result<TopicName, AdminError> {
 fn persistent_only(t: &TopicName) -> Result<(), AdminError> {
     if t.domain != Domain::Persistent {
         return Err(AdminError::PreconditionFailed(format!(
-            "{t}: non-persistent topics are not served by this broker yet"
+            "{t}: this operation is not supported on non-persistent topics"
         )));
     }
     Ok(())
@@ -101,13 +104,37 @@ pub(crate) async fn stored(s: &BrokerState, t: &TopicName) -> Result<bool, Admin
     Ok(s.store.exists(&ml_path(s, t)?).await?.is_some())
 }
 
-/// The loaded topic, loading it if it is stored (never creates one).
+/// The loaded topic, loading it if it is stored (never creates one); a
+/// topic another broker owns answers [`AdminError::Redirect`] (307 there).
 pub(crate) async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
     persistent_only(t)?;
     if !stored(s, t).await? {
         return Err(AdminError::NotFound(format!("topic {t} does not exist")));
     }
+    match s.ownership.lookup(t, false).await {
+        Ok(LookupAnswer::Connect) => {}
+        Ok(LookupAnswer::Redirect { http_url, .. }) => return Err(AdminError::Redirect(http_url)),
+        Err(e) => return Err(AdminError::Unavailable(format!("ownership of {t}: {e}"))),
+    }
     s.topics.get_or_load(t, false).await.map_err(topic_error)
+}
+
+/// A redirect of one topic inside a request spanning several topics
+/// becomes 503 naming the owner (the request cannot move as a whole).
+pub(crate) fn within_many(t: &TopicName, e: AdminError) -> AdminError {
+    match e {
+        AdminError::Redirect(owner) => {
+            AdminError::Unavailable(format!("{t} is served by {owner}; ask that broker"))
+        }
+        other => other,
+    }
+}
+
+/// As [`load`], for requests that span several topics (they cannot be
+/// redirected as a whole): a topic owned elsewhere answers 503 naming the
+/// owner.
+pub(crate) async fn load_here(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, AdminError> {
+    load(s, t).await.map_err(|e| within_many(t, e))
 }
 
 fn partition_count_body(body: &Body) -> Result<u32, AdminError> {
@@ -134,7 +161,14 @@ pub async fn list(State(s): St, p: Params) -> AdminResult {
             .map(ToString::to_string)
             .collect()
     } else {
-        Vec::new()
+        // Non-persistent topics exist while they are in use on this broker.
+        s.topics
+            .non_persistent()
+            .names()
+            .iter()
+            .filter(|n| n.tenant == t && n.namespace == ns)
+            .map(ToString::to_string)
+            .collect()
     };
     Ok(ok_json(json!(list)))
 }
@@ -228,6 +262,11 @@ pub async fn delete(State(s): St, p: Params, q: QueryParams) -> AdminResult {
     let t = topic_of(&p)?;
     let force = q.flag("force")?;
     delete_stored_topic(&s, &t, force).await?;
+    // A partition shares its partitioned topic's schema: only a whole topic
+    // takes its schema with it (as Pulsar).
+    if partitioned::partition_of(&t).is_none() {
+        crate::admin::schemas::remove_with_topic(&s, &t).await?;
+    }
     Ok(no_content())
 }
 
@@ -287,12 +326,15 @@ pub async fn delete_partitioned(State(s): St, p: Params, q: QueryParams) -> Admi
     for i in 0..n {
         let part = partitioned::partition_name(&t, i);
         if stored(&s, &part).await? {
-            delete_stored_topic(&s, &part, force).await?;
+            delete_stored_topic(&s, &part, force)
+                .await
+                .map_err(|e| within_many(&part, e))?;
         }
     }
     partitioned::delete(&*s.store, &s.layout, &t)
         .await
         .map_err(partitioned_error)?;
+    crate::admin::schemas::remove_with_topic(&s, &t).await?;
     info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "partitioned topic deleted");
     Ok(no_content())
 }
@@ -350,7 +392,41 @@ pub(crate) async fn open_subscription(
 /// `GET .../{topic}/stats`: Pulsar `TopicStats` (the parts tracked).
 pub async fn stats(State(s): St, p: Params) -> AdminResult {
     let t = topic_of(&p)?;
+    if t.domain == Domain::NonPersistent {
+        return Ok(ok_json(non_persistent_stats(&s, &t)?));
+    }
     Ok(ok_json(topic_stats(&s, &t).await?))
+}
+
+/// The stats of a loaded non-persistent topic (404 when not in use): per
+/// subscription its type, consumers and the messages delivered and dropped
+/// since it was created (counts, not rates).
+fn non_persistent_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError> {
+    let Some(topic) = s.topics.non_persistent().get(t) else {
+        return Err(AdminError::NotFound(format!(
+            "non-persistent topic {t} is not in use on this broker"
+        )));
+    };
+    let mut subs = serde_json::Map::new();
+    for st in topic.subscription_stats() {
+        subs.insert(
+            st.name.clone(),
+            json!({
+                "type": st.sub_type.map(|x| x.to_string()),
+                "consumersCount": st.consumers.len(),
+                "consumers": st.consumers.iter().map(|(name, permits)| json!({
+                    "consumerName": name,
+                    "availablePermits": permits,
+                })).collect::<Vec<_>>(),
+                "msgDeliveredCount": st.delivered,
+                "msgDropCount": st.dropped,
+            }),
+        );
+    }
+    Ok(json!({
+        "entriesPublishedCount": topic.last_entry_id().map_or(0, |e| e + 1),
+        "subscriptions": subs,
+    }))
 }
 
 /// The `TopicStats` JSON of stored topic `t`.
@@ -455,7 +531,9 @@ pub async fn partitioned_stats(State(s): St, p: Params, q: QueryParams) -> Admin
         if !stored(&s, &part).await? {
             continue;
         }
-        let st = topic_stats(&s, &part).await?;
+        let st = topic_stats(&s, &part)
+            .await
+            .map_err(|e| within_many(&part, e))?;
         merge_stats(&mut sum, &st);
         if per_partition {
             parts.insert(part.to_string(), st);
@@ -726,6 +804,68 @@ pub async fn expire_all(State(s): St, p: Params) -> AdminResult {
         .await
         .map_err(|e| AdminError::Unavailable(format!("expiring messages of {t}: {e}")))?;
     info!(topic = %t, seconds = secs, subscriptions = ?moved, "messages expired");
+    Ok(no_content())
+}
+
+fn publish_time(entry: &[u8]) -> Option<u64> {
+    cms_client::proto::frame::parse_entry(entry)
+        .ok()
+        .map(|p| p.metadata.publish_time)
+}
+
+/// `POST .../subscription/{subscription}/expireMessages/{seconds}`: the
+/// subscription acknowledges the entries after its mark-delete published
+/// more than `seconds` ago (found by a publish-time search; the cursor only
+/// moves forward).
+pub async fn expire(State(s): St, p: Params) -> AdminResult {
+    let t = topic_of(&p)?;
+    let name = p.get("subscription")?;
+    let secs = count_param(&p, "seconds")?;
+    if secs == 0 {
+        return Err(AdminError::BadRequest("seconds must be >= 1".into()));
+    }
+    let topic = load(&s, &t).await?;
+    let sub = open_subscription(&s, &t, &topic, name).await?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let cutoff = now_ms.saturating_sub(secs.saturating_mul(1000));
+    let md = sub.stats().mark_delete;
+    let list = topic.ml.ledgers();
+    let mut search = PublishTimeSearch::after(&list, md, cutoff);
+    let mut step = search.step();
+    let result = loop {
+        match step {
+            SearchStep::Read(at) => {
+                let e = topic
+                    .ml
+                    .read(at, 1)
+                    .await
+                    .map_err(|e| AdminError::Unavailable(format!("reading {t}: {e}")))?;
+                let entry = e.into_iter().find(|e| e.position == at).ok_or_else(|| {
+                    AdminError::Unavailable(format!(
+                        "entry {} of {t} not readable",
+                        position_json(at)
+                    ))
+                })?;
+                // An entry without a readable publish time counts as new.
+                let ts = publish_time(&entry.payload).unwrap_or(u64::MAX);
+                step = search
+                    .feed(at, ts)
+                    .map_err(|e| AdminError::Internal(e.to_string()))?;
+            }
+            SearchStep::Done(r) => break r,
+        }
+    };
+    let target = match result {
+        SearchResult::Found(at) if Some(at) == list.next_valid_position(md) => None,
+        SearchResult::Found(at) => Some(SeekTarget::Position(at)),
+        SearchResult::NoneAtOrAfter => Some(SeekTarget::Latest),
+    };
+    if let Some(target) = target {
+        sub.seek(target).await.map_err(sub_error)?;
+    }
+    info!(topic = %t, subscription = name, seconds = secs, ?target, "messages expired");
     Ok(no_content())
 }
 

@@ -73,6 +73,9 @@ pub struct ReadEntry<T> {
     pub messages: u32,
     /// Its sticky key hash (Key_Shared; see [`super::key_shared`]).
     pub key_hash: u16,
+    /// Delayed delivery: not before this time (Unix ms, Pulsar
+    /// `deliver_at_time`); honoured on Shared and Key_Shared only.
+    pub deliver_at_ms: Option<u64>,
     /// The caller's payload, passed through.
     pub payload: T,
 }
@@ -135,6 +138,8 @@ pub struct DispatcherStats {
     pub draining_hashes: usize,
     /// Count increments dropped at `redelivery_counts_max`.
     pub redelivery_counts_dropped: u64,
+    /// Delayed entries read and held until their delivery time.
+    pub delayed_entries: usize,
     /// Per consumer, in join order.
     pub consumers: Vec<ConsumerStats>,
 }
@@ -182,6 +187,12 @@ pub struct Dispatcher {
     /// Key_Shared (ordered): hash -> the consumer holding delivered, unacked
     /// entries of it, and how many.
     draining: HashMap<u16, (ConsumerId, u32)>,
+    /// The caller's clock (Unix ms), as of the last [`Dispatcher::advance_clock`].
+    now_ms: u64,
+    /// Delayed delivery: entries read but not due, by (due time, position).
+    delayed: BTreeSet<(u64, Position)>,
+    /// Delayed delivery: position -> due time (the same entries as `delayed`).
+    delayed_at: HashMap<Position, u64>,
 }
 
 impl Dispatcher {
@@ -207,7 +218,52 @@ impl Dispatcher {
             selector: Selector::new(),
             hashes: HashMap::new(),
             draining: HashMap::new(),
+            now_ms: 0,
+            delayed: BTreeSet::new(),
+            delayed_at: HashMap::new(),
         }
+    }
+
+    /// Sets the clock (Unix ms) the delayed-delivery tracker compares with;
+    /// entries now due are queued for delivery (replay, position order).
+    pub fn advance_clock(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        while let Some(&(at, pos)) = self.delayed.first() {
+            if at > now_ms {
+                break;
+            }
+            self.delayed.pop_first();
+            self.delayed_at.remove(&pos);
+            self.replay.insert(pos);
+        }
+    }
+
+    /// The earliest due time (Unix ms) of a held delayed entry: the caller's
+    /// timer should call [`Self::advance_clock`] then.
+    pub fn next_delayed_due(&self) -> Option<u64> {
+        self.delayed.first().map(|(at, _)| *at)
+    }
+
+    /// Delayed entries held now.
+    pub fn delayed_len(&self) -> usize {
+        self.delayed.len()
+    }
+
+    fn forget_delayed(&mut self) {
+        self.delayed.clear();
+        self.delayed_at.clear();
+    }
+
+    fn untrack_delayed(&mut self, pos: Position) {
+        if let Some(at) = self.delayed_at.remove(&pos) {
+            self.delayed.remove(&(at, pos));
+        }
+    }
+
+    /// Whether new entries may be read: not while the delayed tracker is at
+    /// its bound (entries already held still come due and go out).
+    fn may_read_new(&self) -> bool {
+        self.delayed.len() < self.limits.delayed_entries_max
     }
 
     /// Its limits.
@@ -278,6 +334,11 @@ impl Dispatcher {
             self.selector.add(info.id, &info.name, &spec)?;
         }
         let id = info.id;
+        if info.sub_type.is_single_active() && !self.delayed.is_empty() {
+            // Exclusive / Failover ignore delivery times: what was held is
+            // read again, in topic order.
+            self.request_rewind();
+        }
         self.sub_type = Some(info.sub_type);
         self.consumers.push(Consumer {
             info,
@@ -383,6 +444,7 @@ impl Dispatcher {
             self.reading_replay.remove(&pos);
             self.counts.remove(&pos);
             self.hashes.remove(&pos);
+            self.untrack_delayed(pos);
         }
         Ok(())
     }
@@ -401,6 +463,8 @@ impl Dispatcher {
         self.reading_replay.retain(|p| *p > pos);
         self.counts.retain(|p, _| *p > pos);
         self.hashes.retain(|p, _| *p > pos);
+        self.delayed.retain(|(_, p)| *p > pos);
+        self.delayed_at.retain(|p, _| *p > pos);
         Ok(())
     }
 
@@ -451,6 +515,7 @@ impl Dispatcher {
         self.counts.clear();
         self.hashes.clear();
         self.draining.clear();
+        self.forget_delayed();
         self.unacked_total = 0;
         self.blocked = false;
         for c in &mut self.consumers {
@@ -469,6 +534,7 @@ impl Dispatcher {
         self.pending.clear();
         self.hashes.clear();
         self.draining.clear();
+        self.forget_delayed();
         self.unacked_total = 0;
         self.blocked = false;
         for c in &mut self.consumers {
@@ -575,6 +641,9 @@ impl Dispatcher {
                 .min(usize::try_from(room).unwrap_or(usize::MAX))
                 .max(1);
             if self.replay.is_empty() {
+                if !self.may_read_new() {
+                    return None;
+                }
                 ReadPlan::Next { entries_max: n }
             } else if self.sub_type == Some(SubType::KeyShared) {
                 // Replay what can go now; while everything waiting is held
@@ -588,7 +657,9 @@ impl Dispatcher {
                     .copied()
                     .collect();
                 if positions.is_empty() {
-                    if self.replay.len() >= self.limits.key_shared_lookahead_max {
+                    if self.replay.len() >= self.limits.key_shared_lookahead_max
+                        || !self.may_read_new()
+                    {
                         return None;
                     }
                     ReadPlan::Next { entries_max: n }
@@ -655,7 +726,31 @@ impl Dispatcher {
             }
             ReadPlan::Next { .. } => {}
         }
+        let entries = self.hold_delayed(entries);
         self.assign(entries)
+    }
+
+    /// Shared / Key_Shared: entries whose delivery time has not come are
+    /// held in the delayed tracker (they take no permits and block nothing
+    /// behind them); the others are returned. Exclusive / Failover deliver
+    /// at once, as in Pulsar.
+    fn hold_delayed<T>(&mut self, entries: Vec<ReadEntry<T>>) -> Vec<ReadEntry<T>> {
+        if !self.sub_type.is_some_and(SubType::is_multi) {
+            return entries;
+        }
+        let now = self.now_ms;
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            match e.deliver_at_ms {
+                Some(at) if at > now && !self.pending.contains_key(&e.position) => {
+                    if self.delayed_at.insert(e.position, at).is_none() {
+                        self.delayed.insert((at, e.position));
+                    }
+                }
+                _ => out.push(e),
+            }
+        }
+        out
     }
 
     /// Key_Shared: whether the consumer owning `hash` may take an entry of
@@ -843,6 +938,7 @@ impl Dispatcher {
             redelivery_counts: self.counts.len(),
             draining_hashes: self.draining.len(),
             redelivery_counts_dropped: self.counts_dropped,
+            delayed_entries: self.delayed.len(),
             consumers: self
                 .consumers
                 .iter()

@@ -47,6 +47,14 @@
 //! order to the new owners, before newer entries of those hashes. While every
 //! waiting entry is held back, new entries are still read (lookahead) up to
 //! `key_shared_lookahead_max` waiting entries.
+//!
+//! Delayed delivery (issue 8): Shared and Key_Shared hold an entry whose
+//! `deliver_at_ms` is later than the caller's clock
+//! ([`Dispatcher::advance_clock`]) in a tracker ordered by due time; it takes
+//! no permits and blocks nothing behind it; when due it is queued for
+//! replay. Exclusive / Failover deliver at once (a single-active consumer
+//! joining after Shared ones rewinds, so held entries come in topic order).
+//! Bound: `delayed_entries_max` held entries; at it no new entries are read.
 
 mod dispatcher;
 mod failover;

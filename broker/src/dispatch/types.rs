@@ -112,6 +112,12 @@ pub struct DispatchLimits {
     /// are read. Pulsar
     /// `keySharedLookAheadMsgInReplayThresholdPerSubscription=20000`.
     pub key_shared_lookahead_max: usize,
+    /// Delayed delivery: entries held until their delivery time, at most.
+    /// At the bound no new entries are read (only redeliveries and entries
+    /// coming due go out) until some are delivered; the held ones stay
+    /// unacked in the cursor, so nothing is lost. Pulsar keeps them in an
+    /// unbounded in-memory (or bucketed on-ledger) tracker.
+    pub delayed_entries_max: usize,
 }
 
 impl Default for DispatchLimits {
@@ -124,6 +130,7 @@ impl Default for DispatchLimits {
             round_robin_entries_max: 20,
             redelivery_counts_max: 400_000,
             key_shared_lookahead_max: 20_000,
+            delayed_entries_max: 100_000,
         }
     }
 }

@@ -16,6 +16,11 @@
 //! - [`Cursor::should_persist`] allows at most one snapshot per
 //!   `persist_interval_ms`, and only when something changed;
 //! - TTL expiry moves the mark-delete and deletes nothing.
+//! - batch-index acks (Pulsar's `batchDeletedIndexes`): an entry of which
+//!   only some messages are acked keeps the bit set of those still unacked
+//!   (at most [`BATCH_DELETED_ENTRIES_MAX`] entries; past it a partial ack of
+//!   another entry is dropped, so that entry is redelivered whole); when every
+//!   bit is cleared the entry is acked. The sets are in the snapshots.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +37,10 @@ pub enum InitialPosition {
     /// After the last confirmed entry: only new entries are backlog.
     Latest,
 }
+
+/// Partly acknowledged batch entries kept (and persisted) per cursor.
+/// Pulsar: `managedLedgerMaxBatchDeletedIndexToPersist=10000`.
+pub const BATCH_DELETED_ENTRIES_MAX: usize = 10_000;
 
 /// Cursor persistence settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +162,8 @@ pub struct Cursor {
     acked: RangeSet,
     properties: BTreeMap<String, i64>,
     cursor_properties: BTreeMap<String, String>,
+    /// Batch-index acks: entry -> bits of its messages still unacked.
+    batch_deleted: BTreeMap<Position, Vec<i64>>,
     /// Sequence of the last snapshot produced.
     sequence: u64,
     /// Changed since the last snapshot taken for the cursor ledger.
@@ -179,6 +190,7 @@ impl Cursor {
             acked: RangeSet::new(),
             properties: BTreeMap::new(),
             cursor_properties: BTreeMap::new(),
+            batch_deleted: BTreeMap::new(),
             sequence: 0,
             dirty: true,
             last_persist_ms: None,
@@ -214,6 +226,23 @@ impl Cursor {
             acked.insert_range(first, last);
             prev_last = last;
         }
+        let mut batch_deleted = BTreeMap::new();
+        for b in snapshot
+            .batch_deleted_indexes
+            .iter()
+            .take(BATCH_DELETED_ENTRIES_MAX)
+        {
+            let pos: Position = b
+                .position
+                .ok_or_else(|| CursorError::CorruptSnapshot("batch ack without position".into()))?
+                .into();
+            if pos <= mark_delete || acked.contains(pos) || b.ack_set.iter().all(|w| *w == 0) {
+                return Err(CursorError::CorruptSnapshot(format!(
+                    "batch ack of {pos} is at or before the mark-delete, acked, or empty"
+                )));
+            }
+            batch_deleted.insert(pos, b.ack_set.clone());
+        }
         Ok(Self {
             name: name.into(),
             config,
@@ -221,6 +250,7 @@ impl Cursor {
             acked,
             properties: snapshot.properties.clone(),
             cursor_properties: BTreeMap::new(),
+            batch_deleted,
             sequence: snapshot.sequence,
             dirty: false,
             last_persist_ms: None,
@@ -301,12 +331,67 @@ impl Cursor {
             return Err(CursorError::NotAnEntry(pos));
         }
         let newly_acked = self.acked.insert(pos);
+        self.batch_deleted.remove(&pos);
         let mark_delete_moved = self.advance(ledgers);
         self.dirty |= newly_acked;
         Ok(AckOutcome {
             newly_acked,
             mark_delete_moved,
         })
+    }
+
+    /// Acknowledges some messages of the batch entry at `pos`: `ack_set`
+    /// is Pulsar's bit set with a 1 for every message this ack leaves
+    /// unacknowledged. The messages unacked after it are those unacked in
+    /// both the stored set and `ack_set`; when none is left the entry is
+    /// acked ([`Self::ack`]). An empty `ack_set` acks the entry. At the
+    /// [`BATCH_DELETED_ENTRIES_MAX`] bound a partial ack of a new entry is
+    /// dropped (the entry is redelivered whole: at-least-once).
+    pub fn ack_batch_index(
+        &mut self,
+        pos: Position,
+        ack_set: &[i64],
+        ledgers: &LedgerList,
+    ) -> Result<AckOutcome, CursorError> {
+        let unchanged = AckOutcome {
+            newly_acked: false,
+            mark_delete_moved: false,
+        };
+        if self.is_acked(pos) {
+            return Ok(unchanged);
+        }
+        if !ledgers.contains_entry(pos) {
+            return Err(CursorError::NotAnEntry(pos));
+        }
+        let remaining: Vec<i64> = match self.batch_deleted.get(&pos) {
+            Some(old) => old
+                .iter()
+                .enumerate()
+                .map(|(i, w)| w & ack_set.get(i).copied().unwrap_or(0))
+                .collect(),
+            None => ack_set.to_vec(),
+        };
+        if remaining.iter().all(|w| *w == 0) {
+            return self.ack(pos, ledgers);
+        }
+        if !self.batch_deleted.contains_key(&pos)
+            && self.batch_deleted.len() >= BATCH_DELETED_ENTRIES_MAX
+        {
+            return Ok(unchanged);
+        }
+        let changed = self.batch_deleted.get(&pos) != Some(&remaining);
+        self.batch_deleted.insert(pos, remaining);
+        self.dirty |= changed;
+        Ok(AckOutcome {
+            newly_acked: changed,
+            mark_delete_moved: false,
+        })
+    }
+
+    /// The bit set (1 = unacked) of a partly acknowledged batch entry, or
+    /// `None` when no message of it was acked on its own.
+    pub fn batch_unacked(&self, pos: Position) -> Option<&[i64]> {
+        self.batch_deleted.get(&pos).map(Vec::as_slice)
     }
 
     /// Acknowledges every entry at or before `pos` (an entry). A position at or
@@ -368,6 +453,7 @@ impl Cursor {
         }
         self.mark_delete = mark_delete;
         self.acked.clear();
+        self.batch_deleted.clear();
         self.advance(ledgers);
         self.dirty = true;
         Ok(())
@@ -391,7 +477,17 @@ impl Cursor {
             self.acked.remove_up_to(last);
             moved = true;
         }
+        self.drop_batch_acks_up_to_mark_delete();
         moved
+    }
+
+    fn drop_batch_acks_up_to_mark_delete(&mut self) {
+        while let Some((p, _)) = self.batch_deleted.first_key_value() {
+            if *p > self.mark_delete {
+                break;
+            }
+            self.batch_deleted.pop_first();
+        }
     }
 
     /// Entries after the mark-delete up to the last confirmed position, minus
@@ -457,6 +553,16 @@ impl Cursor {
             properties: self.properties.clone(),
             sequence: self.sequence,
             ranges_dropped: persisted.ranges_dropped,
+            batch_deleted_indexes: self
+                .batch_deleted
+                .iter()
+                .filter(|(p, _)| !self.acked.contains(**p))
+                .take(BATCH_DELETED_ENTRIES_MAX)
+                .map(|(p, bits)| proto::BatchDeletedIndexes {
+                    position: Some((*p).into()),
+                    ack_set: bits.clone(),
+                })
+                .collect(),
         };
         Snapshot {
             snapshot,
@@ -863,5 +969,90 @@ mod tests {
                 "seed {seed}"
             );
         }
+    }
+
+    #[test]
+    fn batch_index_acks_accumulate_persist_and_ack_the_entry_when_complete() {
+        let ledgers = list(&[(1, 5)], true);
+        let mut c = cursor(&ledgers);
+        // A batch of 10 (bits 0..9 set = unacked); ack 1, then 3 and 5.
+        let all: i64 = (1 << 10) - 1;
+        c.ack_batch_index(p(1, 0), &[all & !(1 << 1)], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.ack_batch_index(p(1, 0), &[all & !(1 << 3) & !(1 << 5)], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let left = all & !(1 << 1) & !(1 << 3) & !(1 << 5);
+        assert_eq!(c.batch_unacked(p(1, 0)), Some(&[left][..]));
+        assert!(!c.is_acked(p(1, 0)));
+        // Survives a snapshot and restore.
+        let snap = c.take_snapshot(1).snapshot;
+        let mut r = Cursor::restore("sub", &snap, CursorConfig::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.batch_unacked(p(1, 0)), Some(&[left][..]));
+        // The rest acked one call at a time: the entry is acked, the set gone.
+        for i in [0, 2, 4, 6, 7, 8, 9] {
+            assert!(!r.is_acked(p(1, 0)), "before {i}");
+            r.ack_batch_index(p(1, 0), &[all & !(1 << i)], &ledgers)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert!(r.is_acked(p(1, 0)));
+        assert_eq!(r.mark_delete(), p(1, 0));
+        assert_eq!(r.batch_unacked(p(1, 0)), None);
+        // An ack of the whole entry forgets its set; a seek forgets all.
+        r.ack_batch_index(p(1, 2), &[all & !1], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        r.ack(p(1, 2), &ledgers).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.batch_unacked(p(1, 2)), None);
+        r.ack_batch_index(p(1, 3), &[all & !1], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        r.reset_to(p(1, 0), &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.batch_unacked(p(1, 3)), None);
+    }
+
+    #[test]
+    fn a_snapshot_with_an_empty_or_stale_batch_ack_is_corrupt() {
+        let md = Some(proto::Position::from(p(1, 5)));
+        for (pos, bits) in [(p(1, 6), vec![0_i64]), (p(1, 5), vec![1_i64])] {
+            let snap = proto::CursorSnapshot {
+                mark_delete: md,
+                batch_deleted_indexes: vec![proto::BatchDeletedIndexes {
+                    position: Some(pos.into()),
+                    ack_set: bits,
+                }],
+                ..Default::default()
+            };
+            assert!(matches!(
+                Cursor::restore("s", &snap, CursorConfig::default()),
+                Err(CursorError::CorruptSnapshot(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn batch_index_acks_are_bounded_and_extra_partial_acks_are_dropped() {
+        let n = i64::try_from(BATCH_DELETED_ENTRIES_MAX).unwrap_or(i64::MAX);
+        let entries = u64::try_from(n).unwrap_or(u64::MAX) + 2;
+        let ledgers = list(&[(1, entries)], true);
+        let mut c = cursor(&ledgers);
+        // Entry 0 stays unacked so nothing is absorbed by the mark-delete.
+        for e in 1..=n {
+            c.ack_batch_index(p(1, e), &[0b10], &ledgers)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let over = c
+            .ack_batch_index(p(1, n + 1), &[0b10], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!over.newly_acked, "past the bound a partial ack is dropped");
+        assert_eq!(c.batch_unacked(p(1, n + 1)), None);
+        // A complete ack still goes through, and frees a slot.
+        c.ack_batch_index(p(1, 1), &[0], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.is_acked(p(1, 1)));
+        c.ack_batch_index(p(1, n + 1), &[0b10], &ledgers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.batch_unacked(p(1, n + 1)), Some(&[0b10_i64][..]));
+        let snap = c.take_snapshot(1).snapshot;
+        assert_eq!(snap.batch_deleted_indexes.len(), BATCH_DELETED_ENTRIES_MAX);
     }
 }

@@ -24,8 +24,13 @@
 //! - opening a subscription object rewinds its cursor: every unacknowledged
 //!   entry is delivered again (at-least-once after a reconnect).
 //!
+//! - delayed delivery (Shared, Key_Shared): the read task gives the
+//!   dispatcher the wall clock and wakes when the earliest held entry is
+//!   due; held entries stay unacked in the cursor, so a reopened
+//!   subscription re-reads and holds them again.
+//!
 //! Not yet: Failover's `activeConsumerFailoverDelayTimeMillis` (the switch is
-//! immediate), delayed delivery, dispatch rate limits.
+//! immediate), dispatch rate limits.
 
 mod read_loop;
 mod types;
@@ -37,8 +42,8 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use types::{
-    ConsumerSpec, Delivery, KeyHasher, MessageCounter, StartPosition, SubError, SubscriptionConfig,
-    SubscriptionStats,
+    ConsumerSpec, DeliverAt, Delivery, KeyHasher, MessageCounter, StartPosition, SubError,
+    SubscriptionConfig, SubscriptionStats,
 };
 
 use crate::dispatch::{ConsumerId, ConsumerInfo, Dispatcher, Event};
@@ -161,6 +166,11 @@ impl Subscription {
         Self { inner }
     }
 
+    /// Whether `other` is a clone of this very subscription object.
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The subscription name.
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -252,6 +262,28 @@ impl Subscription {
         }
         self.inner.wake.notify_one();
         first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// A batch-index ack: some messages of the batch entry at `position`
+    /// (`ack_set`: Pulsar's bit set, 1 = left unacked). When none is left
+    /// the entry is acked like [`Self::ack_individual`].
+    pub async fn ack_batch_index(
+        &self,
+        id: ConsumerId,
+        position: Position,
+        ack_set: &[i64],
+    ) -> Result<(), SubError> {
+        if !self.state()?.d.has_consumer(id) {
+            return Err(crate::dispatch::DispatchError::UnknownConsumer(id).into());
+        }
+        self.inner.cursor.ack_batch_index(position, ack_set).await?;
+        if self.inner.cursor.is_acked(position)? {
+            let mut st = lock(&self.inner.state);
+            let _ = st.d.ack(id, &[position]);
+            drop(st);
+            self.inner.wake.notify_one();
+        }
+        Ok(())
     }
 
     /// A cumulative ack up to `position` (refused on Shared).

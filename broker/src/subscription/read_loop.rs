@@ -9,10 +9,15 @@
 //! closes, when every handle is dropped, or when the managed ledger is
 //! terminal (the reason shows in the stats). It holds only a weak reference
 //! between steps.
+//!
+//! Delayed delivery's timer lives here: every step gives the dispatcher the
+//! wall clock ([`Dispatcher::advance_clock`](crate::dispatch::Dispatcher::advance_clock)),
+//! and an idle or tailing wait ends no later than the earliest held entry's
+//! due time (no polling while nothing is due).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
@@ -43,6 +48,20 @@ fn is_terminal(e: &MlError) -> bool {
     )
 }
 
+/// The wall clock, Unix ms (delayed delivery compares it with
+/// `deliver_at_time`, which clients set from their wall clock).
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How long until the earliest held delayed entry is due (`None`: none held).
+fn until_due(inner: &Inner) -> Option<Duration> {
+    let due = lock(&inner.state).d.next_delayed_due()?;
+    Some(Duration::from_millis(due.saturating_sub(now_ms()).max(1)))
+}
+
 pub(super) async fn run(weak: Weak<Inner>, wake: Arc<Notify>) {
     let mut retry_ms = 0u64;
     loop {
@@ -53,12 +72,14 @@ pub(super) async fn run(weak: Weak<Inner>, wake: Arc<Notify>) {
         match step(&inner).await {
             Step::Again => retry_ms = 0,
             Step::Idle => {
+                let wait = until_due(&inner).map_or(tail, |d| d.min(tail));
                 drop(inner);
-                let _ = tokio::time::timeout(tail, wake.notified()).await;
+                let _ = tokio::time::timeout(wait, wake.notified()).await;
             }
             Step::Tail(pos) => {
                 let ml = inner.ml.clone();
                 let tail_ms = inner.config.tail_wait_ms.max(1);
+                let due = until_due(&inner).unwrap_or(tail);
                 drop(inner);
                 tokio::select! {
                     r = ml.wait_for_entry_after(pos, tail_ms) => {
@@ -68,6 +89,7 @@ pub(super) async fn run(weak: Weak<Inner>, wake: Arc<Notify>) {
                         }
                     }
                     () = wake.notified() => {}
+                    () = tokio::time::sleep(due) => {}
                 }
             }
             Step::Retry(e) => {
@@ -98,6 +120,7 @@ async fn step(inner: &Arc<Inner>) -> Step {
         if st.closed || st.failed.is_some() {
             return Step::Stop;
         }
+        st.d.advance_clock(now_ms());
         st.d.next_read()
     };
     let Some(ticket) = ticket else {
@@ -172,12 +195,14 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
         .into_iter()
         .map(|e| ReadEntry {
             position: e.position,
-            messages: (inner.counter)(&e.payload),
+            messages: messages_left(inner, e.position, &e.payload),
             key_hash: inner.config.key_hasher.hash(&e.payload),
+            deliver_at_ms: inner.config.deliver_at.deliver_at_ms(&e.payload),
             payload: e.payload,
         })
         .collect();
     let mut st = lock(&inner.state);
+    st.d.advance_clock(now_ms());
     let sends = st.d.read_done(ticket, read);
     let mut paused: HashSet<ConsumerId> = HashSet::new();
     let mut gone: Vec<ConsumerId> = Vec::new();
@@ -195,6 +220,12 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
             position: s.position,
             redelivery_count: s.redelivery_count,
             entry: s.payload.clone(),
+            ack_set: inner
+                .cursor
+                .batch_unacked(s.position)
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
         };
         match sink.try_send(d) {
             Ok(()) => {}
@@ -213,6 +244,20 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
     for id in gone {
         debug!(topic = %inner.topic, subscription = %inner.name, consumer = %id, "consumer sink closed; detaching");
         let _ = detach(&mut st, id);
+    }
+}
+
+/// The messages of an entry still to deliver: a batch with batch-index
+/// acks counts only its unacked messages (the permits of the acked ones are
+/// not taken, pulsar.md G11).
+fn messages_left(inner: &Inner, position: Position, payload: &[u8]) -> u32 {
+    let all = (inner.counter)(payload);
+    match inner.cursor.batch_unacked(position) {
+        Ok(Some(bits)) => {
+            let left: u32 = bits.iter().map(|w| w.count_ones()).sum();
+            all.min(left).max(1)
+        }
+        _ => all,
     }
 }
 

@@ -68,6 +68,52 @@ impl PartialEq for KeyHasher {
 
 impl Eq for KeyHasher {}
 
+/// A function from stored entry bytes to its delivery time (Unix ms).
+pub type DeliverAtFn = dyn Fn(&[u8]) -> Option<u64> + Send + Sync;
+
+/// Delayed delivery: when a stored entry may be delivered (Shared and
+/// Key_Shared only; see [`crate::dispatch`]).
+#[derive(Clone)]
+pub struct DeliverAt(pub Arc<DeliverAtFn>);
+
+impl DeliverAt {
+    /// Pulsar's rule on a stored Pulsar entry: the metadata's
+    /// `deliver_at_time` (set by `deliverAfter` / `deliverAt`), if positive;
+    /// an entry that does not parse is delivered at once.
+    pub fn pulsar() -> Self {
+        Self(Arc::new(|entry: &[u8]| {
+            let parsed = cms_client::proto::frame::parse_entry(entry).ok()?;
+            let at = parsed.metadata.deliver_at_time?;
+            u64::try_from(at).ok().filter(|at| *at > 0)
+        }))
+    }
+
+    /// The delivery time of `entry`, if it has one.
+    pub fn deliver_at_ms(&self, entry: &[u8]) -> Option<u64> {
+        (self.0)(entry)
+    }
+}
+
+impl Default for DeliverAt {
+    fn default() -> Self {
+        Self::pulsar()
+    }
+}
+
+impl std::fmt::Debug for DeliverAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeliverAt")
+    }
+}
+
+impl PartialEq for DeliverAt {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for DeliverAt {}
+
 /// What a subscription sends to a consumer's connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivery {
@@ -81,6 +127,10 @@ pub enum Delivery {
         redelivery_count: u32,
         /// The stored entry bytes, untouched.
         entry: Bytes,
+        /// Batch-index acks: the bit set (1 = unacked) of the batch's
+        /// messages when some were acked on their own (the client skips the
+        /// others); empty otherwise. Goes out as `CommandMessage.ack_set`.
+        ack_set: Vec<i64>,
     },
     /// Failover: the consumer became (in)active.
     ActiveChanged {
@@ -134,6 +184,9 @@ pub struct SubscriptionConfig {
     /// Key_Shared: the sticky key hash of an entry (default: Pulsar's rule
     /// on a stored Pulsar entry).
     pub key_hasher: KeyHasher,
+    /// Delayed delivery: an entry's delivery time (default: Pulsar's
+    /// `deliver_at_time` of a stored Pulsar entry).
+    pub deliver_at: DeliverAt,
 }
 
 impl Default for SubscriptionConfig {
@@ -143,6 +196,7 @@ impl Default for SubscriptionConfig {
             tail_wait_ms: 1_000,
             read_retry_delay_ms_max: 5_000,
             key_hasher: KeyHasher::default(),
+            deliver_at: DeliverAt::default(),
         }
     }
 }

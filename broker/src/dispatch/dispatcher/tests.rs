@@ -39,6 +39,8 @@ struct Sim {
     acked: BTreeSet<i64>,
     /// Key_Shared: entry id -> sticky key hash (absent: 0).
     keys: BTreeMap<i64, u16>,
+    /// Delayed delivery: entry id -> deliver-at time (absent: none).
+    delays: BTreeMap<i64, u64>,
 }
 
 impl Sim {
@@ -50,6 +52,7 @@ impl Sim {
             mark_delete: -1,
             acked: BTreeSet::new(),
             keys: BTreeMap::new(),
+            delays: BTreeMap::new(),
         }
     }
 
@@ -76,6 +79,7 @@ impl Sim {
             position: pos(e),
             messages: self.topic[usize::try_from(e).unwrap_or(0)],
             key_hash: self.hash_of(e),
+            deliver_at_ms: self.delays.get(&e).copied(),
             payload: (),
         }
     }
@@ -1117,4 +1121,93 @@ fn key_shared_lookahead_is_bounded() {
         s.replay_entries
     );
     assert!(sim.read_after < 10, "read on to {}", sim.read_after);
+}
+
+// ---- delayed delivery (issue 8 item 4) ----
+
+fn delayed_sim(t: SubType, read_entries_max: usize, delayed_max: usize) -> Sim {
+    let limits = DispatchLimits {
+        read_entries_max,
+        delayed_entries_max: delayed_max,
+        ..DispatchLimits::default()
+    };
+    let mut sim = Sim::new(limits, vec![1; 6]);
+    sim.delays.insert(1, 100);
+    sim.delays.insert(3, 50);
+    sim.add(1, t);
+    sim.flow(1, 100);
+    sim
+}
+
+#[test]
+fn shared_holds_delayed_entries_until_due_and_the_rest_go_on() {
+    for t in [SubType::Shared, SubType::KeyShared] {
+        let mut sim = delayed_sim(t, 100, 1_000);
+        sim.d.advance_clock(10);
+        assert_eq!(entries_of(&sim.pump()), vec![0, 2, 4, 5], "{t}");
+        assert_eq!(sim.d.stats().delayed_entries, 2, "{t}");
+        assert_eq!(sim.d.next_delayed_due(), Some(50), "{t}");
+        // Held entries took no permits.
+        assert_eq!(sim.d.stats().consumers[0].permits, 96, "{t}");
+        sim.d.advance_clock(49);
+        assert!(sim.pump().is_empty(), "{t}: nothing is early");
+        sim.d.advance_clock(50);
+        assert_eq!(sim.pump(), vec![(1, 3, 0)], "{t}");
+        assert_eq!(sim.d.next_delayed_due(), Some(100), "{t}");
+        sim.d.advance_clock(500);
+        assert_eq!(sim.pump(), vec![(1, 1, 0)], "{t}");
+        assert_eq!(sim.d.next_delayed_due(), None, "{t}");
+        assert_eq!(sim.d.stats().delayed_entries, 0, "{t}");
+    }
+}
+
+#[test]
+fn exclusive_and_failover_deliver_delayed_entries_at_once() {
+    for t in [SubType::Exclusive, SubType::Failover] {
+        let mut sim = delayed_sim(t, 100, 1_000);
+        sim.d.advance_clock(10);
+        assert_eq!(entries_of(&sim.pump()), vec![0, 1, 2, 3, 4, 5], "{t}");
+        assert_eq!(sim.d.next_delayed_due(), None, "{t}");
+    }
+}
+
+#[test]
+fn a_full_delayed_tracker_stops_reading_ahead_until_entries_come_due() {
+    // One entry per read; room for one held entry.
+    let mut sim = delayed_sim(SubType::Shared, 1, 1);
+    sim.d.advance_clock(10);
+    // 0 goes, 1 is held; the tracker is full: 2.. are not read.
+    assert_eq!(entries_of(&sim.pump()), vec![0]);
+    assert_eq!(sim.d.stats().delayed_entries, 1);
+    assert!(sim.d.next_read().is_none(), "no read past the bound");
+    sim.d.advance_clock(100);
+    // 1 is due; reading resumes: 2 goes, 3 (due at 50 < now) goes too.
+    assert_eq!(entries_of(&sim.pump()), vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn acking_a_held_entry_or_seeking_forgets_it() {
+    let mut sim = delayed_sim(SubType::Shared, 100, 1_000);
+    sim.d.advance_clock(10);
+    assert_eq!(entries_of(&sim.pump()), vec![0, 2, 4, 5]);
+    sim.ack(1, &[3]);
+    assert_eq!(sim.d.next_delayed_due(), Some(100));
+    sim.d.reset();
+    assert_eq!(sim.d.next_delayed_due(), None);
+    assert_eq!(sim.d.stats().delayed_entries, 0);
+}
+
+#[test]
+fn an_exclusive_consumer_after_shared_ones_gets_the_held_entries_in_order() {
+    let mut sim = delayed_sim(SubType::Shared, 100, 1_000);
+    sim.d.advance_clock(10);
+    let got = sim.pump();
+    assert_eq!(entries_of(&got), vec![0, 2, 4, 5]);
+    sim.ack(1, &[0, 2, 4, 5]);
+    sim.d
+        .remove_consumer(cid(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.add(2, SubType::Exclusive);
+    sim.flow(2, 100);
+    assert_eq!(entries_of(&sim.pump()), vec![1, 3]);
 }

@@ -1895,6 +1895,26 @@ impl ManagedCursor {
         Ok(out)
     }
 
+    /// Acknowledges some messages of the batch entry at `pos` (Pulsar ack
+    /// set: 1 = left unacked; see
+    /// [`crate::managed_ledger::Cursor::ack_batch_index`]); persists when due.
+    pub async fn ack_batch_index(
+        &self,
+        pos: Position,
+        ack_set: &[i64],
+    ) -> Result<AckOutcome, MlError> {
+        let o = self
+            .with(|s, l| s.cursor.ack_batch_index(pos, ack_set, l))?
+            .map_err(MlError::Cursor)?;
+        cursor_io::persist(&self.shared, &self.name, false).await?;
+        Ok(o)
+    }
+
+    /// The bit set (1 = unacked) of a partly acknowledged batch entry.
+    pub fn batch_unacked(&self, pos: Position) -> Result<Option<Vec<i64>>, MlError> {
+        self.with(|s, _| s.cursor.batch_unacked(pos).map(<[i64]>::to_vec))
+    }
+
     /// Individually acknowledges `pos`; persists when a snapshot is due.
     pub async fn ack(&self, pos: Position) -> Result<AckOutcome, MlError> {
         let o = self
