@@ -118,17 +118,13 @@ async fn bad_input_closes_only_its_own_connection() {
         .lookup_topic_response
         .expect("r");
     assert_eq!(l.response, Some(2), "Failed");
-    // A known command we do not serve: ERROR naming it, connection kept.
-    let mut get_schema = commands::base(Type::GetSchema);
-    get_schema.get_schema = Some(cms_client::proto::pulsar::CommandGetSchema {
-        request_id: 5,
-        topic: "persistent://public/default/x".into(),
-        schema_version: None,
-    });
-    good.send(get_schema).await;
+    // A Pulsar command type we do not serve (50 = NEW_TXN, transactions):
+    // ERROR naming it, connection kept.
+    let mut txn = commands::base(Type::Ping);
+    txn.r#type = 50;
+    good.send(txn).await;
     let e = good.recv().await.expect("ERROR").error.expect("error");
-    assert_eq!(e.request_id, 5);
-    assert!(e.message.contains("GET_SCHEMA"), "{e:?}");
+    assert!(e.message.contains("command type 50"), "{e:?}");
     // CLOSE_PRODUCER / CLOSE_CONSUMER of unknown ids: SUCCESS (G8).
     good.send(commands::close_producer(77, 6)).await;
     assert_eq!(
