@@ -337,14 +337,26 @@ impl Producer {
         Ok(())
     }
 
-    /// Flushes, then closes the producer on the broker; pending sends that
-    /// have no receipt yet fail with [`Error::Closed`].
+    /// Flushes, waits (at most the operation timeout) for outstanding
+    /// receipts, then closes the producer on the broker; sends still without
+    /// a receipt fail with [`Error::Closed`].
     pub async fn close(&self) -> Result<()> {
         let s = &self.shared;
+        self.flush().await?;
+        // Give in-flight messages their receipts, within the operation timeout.
+        let deadline = Instant::now() + s.client.opts().operation_timeout;
+        while !s.state.lock().await.pending.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let conn = {
             let mut st = s.state.lock().await;
             s.flush_batch(&mut st).await;
             s.closed.store(true, Ordering::Release);
+            for e in st.pending.drain(..) {
+                for (tx, _) in e.waiters {
+                    let _ = tx.send(Err(Error::Closed));
+                }
+            }
             st.conn.take()
         };
         s.permits.close();

@@ -1,0 +1,324 @@
+//! The Rust SDK (`cms-client`) against a standalone `cms-broker`, and against
+//! the official Python client (`pulsar-client` 3.13) on the same topics:
+//! Rust produces and Python consumes, Python produces and Rust consumes,
+//! with batching and each compression type (NONE, LZ4, ZLIB, ZSTD, SNAPPY);
+//! an SDK producer and consumer through a `kill -9` and restart of the
+//! broker with no acknowledged message lost; `cms-perf` produce and
+//! end-to-end runs print their JSON keys.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cms_client::{Client, CompressionType, InitialPosition, ProducerMessage, SubType};
+use cms_tests::cluster::{BrokerNode, run_python};
+
+/// Bound on one Python script run, in milliseconds.
+const PY_TIMEOUT_MS: u64 = 60_000;
+/// Messages per interop case.
+const COUNT: usize = 60;
+
+const COMPRESSIONS: [(&str, CompressionType); 5] = [
+    ("NONE", CompressionType::None),
+    ("LZ4", CompressionType::Lz4),
+    ("ZLIB", CompressionType::Zlib),
+    ("ZSTD", CompressionType::Zstd),
+    ("SNAPPY", CompressionType::Snappy),
+];
+
+fn topic(case: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        % 1_000_000_000_000;
+    format!(
+        "persistent://public/default/sdk-{case}-{}-{nanos}",
+        std::process::id()
+    )
+}
+
+fn payload(i: usize) -> String {
+    format!("rs-{i}-{}", "xyz".repeat(i * 37 % 400))
+}
+
+fn client(url: &str) -> Client {
+    Client::builder(url)
+        .operation_timeout(Duration::from_secs(10))
+        .backoff(Duration::from_millis(50), Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// Bounded receive: fails the test instead of hanging.
+async fn recv(c: &mut cms_client::Consumer) -> cms_client::Message {
+    tokio::time::timeout(Duration::from_secs(20), c.receive())
+        .await
+        .expect("no message within 20 s")
+        .expect("receive failed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_produces_python_consumes_with_batching_and_each_compression() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let client = client(&url);
+    for (name, kind) in COMPRESSIONS {
+        for batching in [false, true] {
+            let t = topic(&format!("r2p-{name}-{batching}"));
+            let producer = client
+                .producer(&t)
+                .batching(batching)
+                .batching_max_messages(16)
+                .batching_max_delay(Duration::from_millis(20))
+                .compression(kind)
+                .create()
+                .await
+                .unwrap();
+            let mut receipts = Vec::new();
+            for i in 0..COUNT {
+                let m = ProducerMessage::new(payload(i))
+                    .key(format!("k{i}"))
+                    .property("i", i.to_string());
+                receipts.push(producer.send_async(m).await.unwrap());
+            }
+            producer.flush().await.unwrap();
+            let mut ids = Vec::new();
+            for r in receipts {
+                ids.push(r.await.unwrap());
+            }
+            if batching {
+                assert!(
+                    ids.iter().any(|id| id.batch_index > 0),
+                    "{name}: batching happened"
+                );
+            }
+            producer.close().await.unwrap();
+            let count = COUNT.to_string();
+            let r = run_python(
+                "sdk/py_consume.py",
+                &["--url", &url, "--topic", &t, "--count", &count],
+                PY_TIMEOUT_MS,
+            )
+            .await;
+            assert!(
+                r.ok,
+                "{name}/{batching}: python consume failed: {} {}",
+                r.json, r.stderr
+            );
+            let want: Vec<String> = (0..COUNT).map(payload).collect();
+            let got: Vec<String> = serde_json::from_value(r.json["payloads"].clone()).unwrap();
+            assert_eq!(got, want, "{name}/{batching}: payloads in order");
+            let keys: Vec<String> = serde_json::from_value(r.json["keys"].clone()).unwrap();
+            let props: Vec<String> = serde_json::from_value(r.json["props"].clone()).unwrap();
+            for i in 0..COUNT {
+                assert_eq!(keys[i], format!("k{i}"));
+                assert_eq!(props[i], i.to_string());
+            }
+            if batching {
+                let bi: Vec<i64> = serde_json::from_value(r.json["batch_indexes"].clone()).unwrap();
+                assert!(bi.iter().any(|b| *b > 0), "{name}: python saw batches");
+            }
+        }
+    }
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_produces_rust_consumes_with_batching_and_each_compression() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let client = client(&url);
+    for (name, _) in COMPRESSIONS {
+        for batching in [false, true] {
+            let t = topic(&format!("p2r-{name}-{batching}"));
+            let mut consumer = client
+                .consumer(&t, "rs-sub")
+                .initial_position(InitialPosition::Earliest)
+                .receiver_queue_size(20)
+                .subscribe()
+                .await
+                .unwrap();
+            let count = COUNT.to_string();
+            let mut args = vec![
+                "--url",
+                &url,
+                "--topic",
+                &t,
+                "--count",
+                &count,
+                "--compression",
+                name,
+            ];
+            if batching {
+                args.push("--batching");
+            }
+            let r = run_python("sdk/py_produce.py", &args, PY_TIMEOUT_MS).await;
+            assert!(
+                r.ok,
+                "{name}/{batching}: python produce failed: {} {}",
+                r.json, r.stderr
+            );
+            let mut saw_batch = false;
+            for i in 0..COUNT {
+                let m = recv(&mut consumer).await;
+                let want = format!("py-{i}-{}", "abc".repeat(i * 37 % 400));
+                assert_eq!(
+                    std::str::from_utf8(&m.payload).unwrap(),
+                    want,
+                    "{name}/{batching} #{i}"
+                );
+                assert_eq!(m.key.as_deref(), Some(format!("k{i}").as_str()));
+                assert_eq!(m.properties.get("i"), Some(&i.to_string()));
+                saw_batch |= m.id.batch_index > 0;
+                consumer.ack(&m.id).await.unwrap();
+            }
+            assert_eq!(saw_batch, batching, "{name}: batch ids iff batching");
+            consumer.close().await.unwrap();
+        }
+    }
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_survives_broker_kill_and_restart_without_losing_acked_messages() {
+    let mut broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let client = client(&url);
+    let t = topic("restart");
+    let mut consumer = client
+        .consumer(&t, "restart-sub")
+        .sub_type(SubType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = client
+        .producer(&t)
+        .name("restart-producer")
+        .batching(true)
+        .batching_max_delay(Duration::from_millis(2))
+        .max_pending_messages(200)
+        .create()
+        .await
+        .unwrap();
+    const N: usize = 600;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let acked2 = acked.clone();
+    let sender = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(3));
+        let mut waits = tokio::task::JoinSet::new();
+        for i in 0..N {
+            tick.tick().await;
+            let f = producer.send_async(format!("m-{i}")).await.unwrap();
+            let acked = acked2.clone();
+            waits.spawn(async move {
+                if f.await.is_ok() {
+                    acked.lock().unwrap().insert(format!("m-{i}"));
+                }
+            });
+        }
+        while waits.join_next().await.is_some() {}
+        producer.close().await.ok();
+    });
+    // Kill once a good part is acknowledged.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while acked.lock().unwrap().len() < N / 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no receipts before the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = acked.lock().unwrap().len();
+    broker.kill_and_restart().await;
+    eprintln!("killed and restarted the broker after {before} receipts");
+    tokio::time::timeout(Duration::from_secs(90), sender)
+        .await
+        .expect("sends did not complete after the restart")
+        .unwrap();
+    let acked: BTreeSet<String> = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > N / 2,
+        "most sends acknowledged after reconnect: {}",
+        acked.len()
+    );
+    let mut received = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !acked.is_subset(&received) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "lost acknowledged messages: {:?}",
+            acked.difference(&received).take(10).collect::<Vec<_>>()
+        );
+        let m = recv(&mut consumer).await;
+        received.insert(String::from_utf8(m.payload.to_vec()).unwrap());
+        consumer.ack(&m.id).await.ok();
+    }
+    eprintln!(
+        "acked {} of {N}, received {} distinct before the last acked one arrived",
+        acked.len(),
+        received.len()
+    );
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let url = broker.service_url();
+    let perf = cms_tests::harness::bins::find("cms-perf").unwrap();
+    for (mode, extra) in [
+        ("produce", vec!["--max-pending", "1"]),
+        (
+            "produce",
+            vec!["--rate", "2000", "--batching", "--compression", "lz4"],
+        ),
+        ("end-to-end", vec!["--rate", "1000", "--max-pending", "100"]),
+    ] {
+        let t = topic(&format!("perf-{mode}"));
+        let mut cmd = tokio::process::Command::new(&perf);
+        cmd.args([
+            mode,
+            "--service-url",
+            &url,
+            "--topic",
+            &t,
+            "--size",
+            "256",
+            "--messages",
+            "500",
+            "--json",
+        ])
+        .args(&extra)
+        .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .expect("cms-perf finished in 60 s")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode} {extra:?}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        let mut keys = vec![
+            "msgs",
+            "msg_per_s",
+            "mib_per_s",
+            "p50_ms",
+            "p99_ms",
+            "p999_ms",
+            "max_ms",
+        ];
+        if mode == "end-to-end" {
+            keys.extend(["e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms", "e2e_max_ms"]);
+        }
+        for k in keys {
+            assert!(v[k].is_number(), "{mode}: key {k} in {v}");
+        }
+        assert_eq!(v["msgs"], 500);
+        assert!(v["msg_per_s"].as_f64().unwrap() > 0.0);
+        assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
+    }
+}
