@@ -28,7 +28,7 @@ const COMPRESSIONS: [(&str, CompressionType); 5] = [
 fn topic(case: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
+        .unwrap_or_default()
         .as_nanos()
         % 1_000_000_000_000;
     format!(
@@ -46,7 +46,7 @@ fn client(url: &str) -> Client {
         .operation_timeout(Duration::from_secs(10))
         .backoff(Duration::from_millis(50), Duration::from_secs(1))
         .build()
-        .unwrap()
+        .unwrap_or_else(|e| panic!("client for {url}: {e}"))
 }
 
 /// Bounded receive: fails the test instead of hanging.

@@ -530,11 +530,11 @@ impl ProducerSink for Sink {
         async move {
             let Some(s) = weak.upgrade() else { return };
             let mut st = s.state.lock().await;
-            if let Some(pos) = st.pending.iter().position(|e| e.seq == err.sequence_id) {
-                if let Some(e) = st.pending.remove(pos) {
-                    for (tx, _) in e.waiters {
-                        let _ = tx.send(Err(Error::server(Some(err.error), err.message.clone())));
-                    }
+            if let Some(pos) = st.pending.iter().position(|e| e.seq == err.sequence_id)
+                && let Some(e) = st.pending.remove(pos)
+            {
+                for (tx, _) in e.waiters {
+                    let _ = tx.send(Err(Error::server(Some(err.error), err.message.clone())));
                 }
             }
         }
