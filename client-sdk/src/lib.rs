@@ -71,7 +71,7 @@ pub use proto::pulsar::ProducerAccessMode;
 pub use proto::pulsar::ServerError;
 pub use proto::pulsar::command_subscribe::{InitialPosition, SubType};
 pub use sdk::client::{Client, ClientBuilder};
-pub use sdk::consumer::{Consumer, ConsumerBuilder};
+pub use sdk::consumer::{Consumer, ConsumerBuilder, Reader, ReaderBuilder};
 pub use sdk::error::{Error, Result};
 pub use sdk::message::{Message, MessageId, ProducerMessage};
 pub use sdk::producer::{Producer, ProducerBuilder, SendFuture};

@@ -322,3 +322,107 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_nack_cumulative_ack_and_reader_seek() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let client = client(&broker.service_url());
+    let t = topic("features");
+    let producer = client.producer(&t).create().await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(producer.send(format!("c-{i}")).await.unwrap());
+    }
+    let text = |m: &cms_client::Message| String::from_utf8(m.payload.to_vec()).unwrap();
+
+    // Negative ack: the message comes back with a redelivery count.
+    let mut shared = client
+        .consumer(&t, "nack-sub")
+        .sub_type(SubType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .negative_ack_delay(Duration::from_millis(100))
+        .subscribe()
+        .await
+        .unwrap();
+    let first = recv(&mut shared).await;
+    assert_eq!(text(&first), "c-0");
+    assert_eq!(first.redelivery_count, 0);
+    shared.negative_ack(&first.id);
+    let mut redelivered = None;
+    for _ in 0..10 {
+        let m = recv(&mut shared).await;
+        if text(&m) == "c-0" {
+            redelivered = Some(m);
+            break;
+        }
+        shared.ack(&m.id).await.unwrap();
+    }
+    let again = redelivered.expect("c-0 redelivered after its negative ack");
+    assert!(
+        again.redelivery_count >= 1,
+        "redelivery count {}",
+        again.redelivery_count
+    );
+    shared.ack(&again.id).await.unwrap();
+    shared.close().await.unwrap();
+
+    // Cumulative ack survives a new consumer on the subscription.
+    let mut excl = client
+        .consumer(&t, "cum-sub")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut fifth = None;
+    for i in 0..10 {
+        let m = recv(&mut excl).await;
+        assert_eq!(text(&m), format!("c-{i}"));
+        if i == 4 {
+            fifth = Some(m.id);
+        }
+    }
+    excl.ack_cumulative(&fifth.unwrap()).await.unwrap();
+    excl.close().await.unwrap();
+    let mut excl = client.consumer(&t, "cum-sub").subscribe().await.unwrap();
+    assert_eq!(
+        text(&recv(&mut excl).await),
+        "c-5",
+        "acked up to c-4 cumulatively"
+    );
+    excl.close().await.unwrap();
+
+    // Reader from the earliest message, has_message_available, seek.
+    let mut reader = client
+        .reader(&t)
+        .start_message_id(cms_client::MessageId::EARLIEST)
+        .create()
+        .await
+        .unwrap();
+    assert!(reader.has_message_available().await.unwrap());
+    for i in 0..10 {
+        let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(text(&m), format!("c-{i}"));
+    }
+    assert!(!reader.has_message_available().await.unwrap(), "all read");
+    reader.seek(ids[3]).await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(text(&m), "c-3", "seek moves the reader");
+    reader.close().await.unwrap();
+
+    // Reader from the latest position sees only what comes after.
+    let mut latest = client.reader(&t).create().await.unwrap();
+    assert!(!latest.has_message_available().await.unwrap());
+    producer.send("after").await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(20), latest.read_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(text(&m), "after");
+    client.close().await;
+}

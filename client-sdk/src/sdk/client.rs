@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::connection::Connection;
-use super::consumer::ConsumerBuilder;
+use super::consumer::{ConsumerBuilder, ReaderBuilder};
 use super::error::{Error, Result};
 use super::producer::ProducerBuilder;
 use super::url::{ServiceUrl, broker_addr};
@@ -128,6 +128,11 @@ impl Client {
         subscription: impl Into<String>,
     ) -> ConsumerBuilder {
         ConsumerBuilder::new(self.clone(), topic.into(), subscription.into())
+    }
+
+    /// Starts building a reader of `topic` (non-durable, nothing to ack).
+    pub fn reader(&self, topic: impl Into<String>) -> ReaderBuilder {
+        ReaderBuilder::new(self.clone(), topic.into())
     }
 
     /// Number of partitions of `topic` (0: not partitioned).

@@ -26,6 +26,7 @@ use super::error::{Error, Result};
 use super::message::{Message, MessageId, unpack};
 use crate::proto::commands;
 use crate::proto::frame::{Frame, PayloadFrame, parse_entry};
+use crate::proto::pulsar::MessageIdData;
 use crate::proto::pulsar::command_ack::AckType;
 use crate::proto::pulsar::command_subscribe::{InitialPosition, SubType};
 
@@ -36,6 +37,8 @@ struct Options {
     receiver_queue: u32,
     name: Option<String>,
     nack_delay: Duration,
+    /// Readers: a non-durable cursor starting at `start`.
+    reader: bool,
 }
 
 /// Builds a [`Consumer`]; see [`Client::consumer`].
@@ -59,6 +62,7 @@ impl ConsumerBuilder {
                 receiver_queue: 1000,
                 name: None,
                 nack_delay: Duration::from_secs(1),
+                reader: false,
             },
         }
     }
@@ -90,6 +94,10 @@ impl ConsumerBuilder {
 
     /// Subscribes.
     pub async fn subscribe(self) -> Result<Consumer> {
+        self.subscribe_at(None).await
+    }
+
+    async fn subscribe_at(self, start: Option<MessageId>) -> Result<Consumer> {
         let ConsumerBuilder {
             client,
             topic,
@@ -107,8 +115,11 @@ impl ConsumerBuilder {
             reconnecting: AtomicBool::new(false),
             conn: Mutex::new(None),
             epoch: AtomicU64::new(0),
+            generations: AtomicU64::new(0),
             tx,
             batches: Mutex::new(HashMap::new()),
+            start: Mutex::new(start),
+            last_delivered: Mutex::new(None),
         });
         shared.clone().subscribe_once().await?;
         Ok(Consumer {
@@ -130,11 +141,17 @@ struct Shared {
     closed: AtomicBool,
     reconnecting: AtomicBool,
     conn: Mutex<Option<Connection>>,
-    /// Id of the connection the current subscription lives on.
+    /// Generation of the current subscription (one per successful
+    /// subscribe); messages of older generations are dropped.
     epoch: AtomicU64,
+    generations: AtomicU64,
     tx: mpsc::Sender<(u64, PayloadFrame)>,
     /// Batch entries with messages not yet acknowledged: remaining count.
     batches: Mutex<HashMap<(u64, u64), i32>>,
+    /// Readers: where the cursor starts (set by `seek`).
+    start: Mutex<Option<MessageId>>,
+    /// Readers: the last message handed out (resume point after reconnect).
+    last_delivered: Mutex<Option<MessageId>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -179,6 +196,13 @@ impl Consumer {
             if let Some((e, m)) = self.local.pop_front() {
                 if e != epoch {
                     continue;
+                }
+                if self.shared.opts.reader {
+                    let mut last = lock(&self.shared.last_delivered);
+                    if last.is_some_and(|l| position(&m.id) <= position(&l)) {
+                        continue; // already handed out before a reconnect
+                    }
+                    *last = Some(m.id);
                 }
                 self.after_deliver(epoch);
                 return Poll::Ready(Ok(m));
@@ -349,6 +373,144 @@ impl Consumer {
     }
 }
 
+/// Order of message ids within a topic: ledger, entry, batch index.
+fn position(id: &MessageId) -> (u64, u64, i32) {
+    (id.ledger_id, id.entry_id, id.batch_index)
+}
+
+/// Builds a [`Reader`]; see [`Client::reader`].
+#[derive(Debug)]
+pub struct ReaderBuilder {
+    inner: ConsumerBuilder,
+    start: MessageId,
+}
+
+impl ReaderBuilder {
+    pub(crate) fn new(client: Client, topic: String) -> Self {
+        let sub = format!("reader-{:016x}", rand::random::<u64>());
+        let mut inner = ConsumerBuilder::new(client, topic, sub);
+        inner.opts.reader = true;
+        ReaderBuilder {
+            inner,
+            start: MessageId::LATEST,
+        }
+    }
+    /// Where to start: [`MessageId::EARLIEST`], [`MessageId::LATEST`]
+    /// (default) or a message id (that message included).
+    pub fn start_message_id(mut self, id: MessageId) -> Self {
+        self.start = id;
+        self
+    }
+    /// Messages buffered ahead of the application (default 1000).
+    pub fn receiver_queue_size(mut self, n: u32) -> Self {
+        self.inner = self.inner.receiver_queue_size(n);
+        self
+    }
+    /// Opens the reader.
+    pub async fn create(self) -> Result<Reader> {
+        let consumer = self.inner.subscribe_at(Some(self.start)).await?;
+        Ok(Reader { consumer })
+    }
+}
+
+/// Reads a topic from a position without a durable subscription; nothing
+/// to acknowledge. Also a `Stream` of `Result<Message>`.
+#[derive(Debug)]
+pub struct Reader {
+    consumer: Consumer,
+}
+
+impl Reader {
+    /// The next message.
+    pub async fn read_next(&mut self) -> Result<Message> {
+        self.consumer.receive().await
+    }
+
+    /// Whether a message after the last one read exists on the topic.
+    pub async fn has_message_available(&mut self) -> Result<bool> {
+        let epoch = self.consumer.shared.epoch.load(Ordering::Acquire);
+        if self.consumer.local.iter().any(|(e, _)| *e == epoch) || !self.consumer.rx.is_empty() {
+            return Ok(true);
+        }
+        let c = self.consumer.conn()?;
+        let rid = self.consumer.shared.client.next_id();
+        let r = c
+            .request(
+                rid,
+                commands::get_last_message_id(self.consumer.shared.id, rid),
+            )
+            .await?;
+        let last = r
+            .get_last_message_id_response
+            .ok_or_else(|| Error::Protocol("GET_LAST_MESSAGE_ID_RESPONSE without body".into()))?
+            .last_message_id;
+        if (last.ledger_id as i64) < 0 || (last.entry_id as i64) < 0 {
+            return Ok(false); // empty topic
+        }
+        let last = (last.ledger_id, last.entry_id);
+        let delivered = *lock(&self.consumer.shared.last_delivered);
+        Ok(match delivered {
+            Some(d) => {
+                last > (d.ledger_id, d.entry_id)
+                    || (last == (d.ledger_id, d.entry_id)
+                        && d.batch_size > 0
+                        && d.batch_index < d.batch_size - 1)
+            }
+            None => match *lock(&self.consumer.shared.start) {
+                Some(s) if s == MessageId::LATEST => false,
+                Some(s) if s == MessageId::EARLIEST => true,
+                Some(s) => last >= (s.ledger_id, s.entry_id),
+                None => true,
+            },
+        })
+    }
+
+    /// Moves the reader to `id` (included; [`MessageId::EARLIEST`] or
+    /// [`MessageId::LATEST`] work too). The broker then closes the reader's
+    /// consumer and it re-subscribes at the new position.
+    pub async fn seek(&mut self, id: MessageId) -> Result<()> {
+        let s = self.consumer.shared.clone();
+        let c = self.consumer.conn()?;
+        *lock(&s.start) = Some(id);
+        *lock(&s.last_delivered) = None;
+        let rid = s.client.next_id();
+        let data = MessageIdData {
+            ledger_id: id.ledger_id,
+            entry_id: id.entry_id,
+            ..Default::default()
+        };
+        let before = s.epoch.load(Ordering::Acquire);
+        c.request(rid, commands::seek(s.id, rid, data)).await?;
+        // Everything the broker sent before its SUCCESS is queued by now:
+        // drop it, then wait (bounded) for the re-subscription at `id`.
+        self.consumer.local.clear();
+        while self.consumer.rx.try_recv().is_ok() {}
+        let deadline = std::time::Instant::now() + s.client.opts().operation_timeout;
+        while s.epoch.load(Ordering::Acquire) == before {
+            if std::time::Instant::now() > deadline || s.closed.load(Ordering::Acquire) {
+                return Err(Error::Timeout(format!(
+                    "re-subscribing {} after seek",
+                    s.topic
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+
+    /// Closes the reader.
+    pub async fn close(&self) -> Result<()> {
+        self.consumer.close().await
+    }
+}
+
+impl futures::Stream for Reader {
+    type Item = Result<Message>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().consumer.poll_message(cx).map(Some)
+    }
+}
+
 impl futures::Stream for Consumer {
     type Item = Result<Message>;
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -370,10 +532,30 @@ impl Shared {
         );
         if let Some(s) = cmd.subscribe.as_mut() {
             s.consumer_name = self.opts.name.clone();
+            if self.opts.reader {
+                s.durable = Some(false);
+                let last = *lock(&self.last_delivered);
+                let start = match last {
+                    // Resume at the entry after the last one handed out
+                    // (the same entry if a batch was left half-read).
+                    Some(l) if l.batch_size > 0 && l.batch_index < l.batch_size - 1 => Some(l),
+                    Some(mut l) => {
+                        l.entry_id += 1;
+                        Some(l)
+                    }
+                    None => *lock(&self.start),
+                };
+                s.start_message_id = start.map(|m| MessageIdData {
+                    ledger_id: m.ledger_id,
+                    entry_id: m.entry_id,
+                    ..Default::default()
+                });
+            }
         }
         // Registered first: the sink ignores nothing, and no message flows
         // before FLOW anyway.
-        conn.register_consumer(self.id, Arc::new(Sink(Arc::downgrade(&self))));
+        let generation = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
+        conn.register_consumer(self.id, Arc::new(Sink(Arc::downgrade(&self), generation)));
         if let Err(e) = conn.request(rid, cmd).await {
             conn.unregister_consumer(self.id);
             return Err(e);
@@ -381,7 +563,7 @@ impl Shared {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        self.epoch.store(conn.id(), Ordering::Release);
+        self.epoch.store(generation, Ordering::Release);
         *lock(&self.conn) = Some(conn.clone());
         lock(&self.batches).clear();
         conn.send_frame(Frame::Command(commands::flow(
@@ -417,23 +599,24 @@ impl Shared {
     }
 }
 
-struct Sink(Weak<Shared>);
+struct Sink(Weak<Shared>, u64);
 
 impl ConsumerSink for Sink {
-    fn message(&self, conn_id: u64, frame: PayloadFrame) -> BoxFuture<'static, ()> {
+    fn message(&self, _conn_id: u64, frame: PayloadFrame) -> BoxFuture<'static, ()> {
         let weak = self.0.clone();
+        let generation = self.1;
         async move {
             let Some(s) = weak.upgrade() else { return };
             let tx = s.tx.clone();
             drop(s);
-            let _ = tx.send((conn_id, frame)).await;
+            let _ = tx.send((generation, frame)).await;
         }
         .boxed()
     }
 
-    fn disconnected(&self, conn_id: u64) {
+    fn disconnected(&self, _conn_id: u64) {
         let Some(s) = self.0.upgrade() else { return };
-        if s.epoch.load(Ordering::Acquire) != conn_id || s.closed.load(Ordering::Acquire) {
+        if s.epoch.load(Ordering::Acquire) != self.1 || s.closed.load(Ordering::Acquire) {
             return;
         }
         *lock(&s.conn) = None;

@@ -40,6 +40,15 @@ impl MessageId {
         batch_size: 0,
     };
 
+    /// The position after the last message of a topic.
+    pub const LATEST: MessageId = MessageId {
+        ledger_id: i64::MAX as u64,
+        entry_id: i64::MAX as u64,
+        partition: -1,
+        batch_index: -1,
+        batch_size: 0,
+    };
+
     pub(crate) fn from_data(d: &MessageIdData, batch_index: i32, batch_size: i32) -> Self {
         MessageId {
             ledger_id: d.ledger_id,
