@@ -75,3 +75,4 @@ pub use sdk::consumer::{Consumer, ConsumerBuilder, Reader, ReaderBuilder};
 pub use sdk::error::{Error, Result};
 pub use sdk::message::{Message, MessageId, ProducerMessage};
 pub use sdk::producer::{Producer, ProducerBuilder, SendFuture};
+pub use sdk::routing::RoutingMode;

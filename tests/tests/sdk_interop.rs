@@ -426,3 +426,58 @@ async fn consumer_nack_cumulative_ack_and_reader_seek() {
     assert_eq!(text(&m), "after");
     client.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_producer_routes_by_key_hash_and_round_robin() {
+    let broker = BrokerNode::start_standalone(&[
+        "--allow-auto-topic-creation-type=partitioned",
+        "--default-num-partitions=3",
+    ])
+    .await;
+    let client = client(&broker.service_url());
+    let t = topic("partitioned");
+    let producer = client.producer(&t).batching(true).create().await.unwrap();
+    assert_eq!(producer.partitions(), 3);
+    let mut key_partition = std::collections::BTreeMap::new();
+    let mut keyless = BTreeSet::new();
+    let mut receipts = Vec::new();
+    for i in 0..60 {
+        let m = if i % 2 == 0 {
+            ProducerMessage::new(format!("p-{i}")).key(format!("key-{}", i % 10))
+        } else {
+            ProducerMessage::new(format!("p-{i}"))
+        };
+        receipts.push((i, producer.send_async(m).await.unwrap()));
+    }
+    for (i, r) in receipts {
+        let id = r.await.unwrap();
+        assert!((0..3).contains(&id.partition), "partition of {id}");
+        if i % 2 == 0 {
+            let p = *key_partition.entry(i % 10).or_insert(id.partition);
+            assert_eq!(p, id.partition, "key-{} sticks to one partition", i % 10);
+        } else {
+            keyless.insert(id.partition);
+        }
+    }
+    assert_eq!(keyless.len(), 3, "keyless messages go round robin");
+    producer.close().await.unwrap();
+    // Every message is on the partition its id names.
+    let mut total = 0;
+    for p in 0..3 {
+        let mut c = client
+            .consumer(format!("{t}-partition-{p}"), "check")
+            .initial_position(InitialPosition::Earliest)
+            .subscribe()
+            .await
+            .unwrap();
+        // Five keys with six messages each; 30 keyless split evenly.
+        let want = key_partition.values().filter(|v| **v == p).count() * 6 + 10;
+        for _ in 0..want {
+            recv(&mut c).await;
+            total += 1;
+        }
+        c.close().await.unwrap();
+    }
+    assert_eq!(total, 60);
+    client.close().await;
+}

@@ -9,4 +9,5 @@ pub mod consumer;
 pub mod error;
 pub mod message;
 pub mod producer;
+pub mod routing;
 pub mod url;

@@ -12,7 +12,7 @@
 //! ids (so broker deduplication can drop repeats).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use super::client::Client;
 use super::connection::{Connection, ProducerSink};
 use super::error::{Error, Result};
 use super::message::{MessageId, ProducerMessage, batch_entry_parts, single_entry_parts};
+use super::routing::{self, RoutingMode};
 use crate::proto::commands;
 use crate::proto::frame::{ChecksumState, FRAME_SIZE_MAX, Frame, PayloadFrame, entry_from_parts};
 use crate::proto::pulsar::{
@@ -47,6 +48,7 @@ struct Options {
     max_pending: usize,
     block_if_full: bool,
     access_mode: ProducerAccessMode,
+    routing: RoutingMode,
 }
 
 /// Builds a [`Producer`]; see [`Client::producer`].
@@ -72,6 +74,7 @@ impl ProducerBuilder {
                 max_pending: 1000,
                 block_if_full: true,
                 access_mode: ProducerAccessMode::Shared,
+                routing: RoutingMode::RoundRobin,
             },
         }
     }
@@ -122,14 +125,58 @@ impl ProducerBuilder {
         self
     }
 
-    /// Looks the topic up, registers the producer and starts its batch timer.
+    /// Partitioned topics: where keyless messages go (keyed ones go by key hash).
+    pub fn routing_mode(mut self, m: RoutingMode) -> Self {
+        self.opts.routing = m;
+        self
+    }
+
+    /// Asks for the topic's partitions, then creates one producer per
+    /// partition (or one for a non-partitioned topic): lookup, PRODUCER, and
+    /// the batch timer.
     pub async fn create(self) -> Result<Producer> {
         let ProducerBuilder {
             client,
             topic,
             opts,
         } = self;
+        let n = client.partitions(&topic).await?;
+        let mut parts = Vec::new();
+        if n == 0 {
+            parts.push(create_one(client.clone(), topic.clone(), -1, opts.clone()).await?);
+        } else {
+            for i in 0..n {
+                let t = format!("{topic}-partition-{i}");
+                match create_one(client.clone(), t, i as i32, opts.clone()).await {
+                    Ok(p) => parts.push(p),
+                    Err(e) => {
+                        for p in &parts {
+                            let _ = p.close().await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(Producer {
+            parts: parts.into(),
+            topic: topic.into(),
+            routing: opts.routing,
+            counter: Arc::new(AtomicUsize::new(0)),
+            fixed: rand::random::<u32>() as usize,
+        })
+    }
+}
+
+async fn create_one(
+    client: Client,
+    topic: String,
+    partition: i32,
+    opts: Options,
+) -> Result<Arc<Shared>> {
+    {
         let shared = Arc::new(Shared {
+            partition,
             id: client.next_id(),
             permits: Arc::new(Semaphore::new(opts.max_pending)),
             client,
@@ -155,7 +202,7 @@ impl ProducerBuilder {
             let delay = shared.opts.batch_max_delay;
             tokio::spawn(batch_timer(weak, delay));
         }
-        Ok(Producer { shared })
+        Ok(shared)
     }
 }
 
@@ -201,6 +248,8 @@ struct State {
 struct Shared {
     client: Client,
     topic: String,
+    /// Partition index, -1 for a non-partitioned topic.
+    partition: i32,
     id: u64,
     opts: Options,
     permits: Arc<Semaphore>,
@@ -209,16 +258,22 @@ struct Shared {
     state: Mutex<State>,
 }
 
-/// Publishes messages to one topic. Cheap to clone (clones share the producer).
+/// Publishes messages to one topic (all its partitions if it is
+/// partitioned). Cheap to clone (clones share the producer).
 #[derive(Clone)]
 pub struct Producer {
-    shared: Arc<Shared>,
+    parts: Arc<[Arc<Shared>]>,
+    topic: Arc<str>,
+    routing: RoutingMode,
+    counter: Arc<AtomicUsize>,
+    fixed: usize,
 }
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer")
-            .field("topic", &self.shared.topic)
+            .field("topic", &self.topic)
+            .field("partitions", &self.parts.len())
             .finish()
     }
 }
@@ -241,12 +296,18 @@ impl std::future::Future for SendFuture {
 impl Producer {
     /// The topic.
     pub fn topic(&self) -> &str {
-        &self.shared.topic
+        &self.topic
     }
 
-    /// The producer name (assigned by the broker if not set).
+    /// Number of partitions written to (1 for a non-partitioned topic).
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The producer name (assigned by the broker if not set; of the first
+    /// partition's producer on a partitioned topic).
     pub async fn name(&self) -> Option<String> {
-        self.shared.state.lock().await.name.clone()
+        self.parts[0].state.lock().await.name.clone()
     }
 
     /// Publishes `msg` and waits for the broker's receipt.
@@ -259,7 +320,38 @@ impl Producer {
     /// `max_pending_messages` messages await receipts.
     pub async fn send_async(&self, msg: impl Into<ProducerMessage>) -> Result<SendFuture> {
         let msg = msg.into();
-        let s = &self.shared;
+        let counter = self.counter.fetch_add(1, Ordering::Relaxed);
+        let n = self.parts.len();
+        let i = routing::choose(msg.key.as_deref(), n, self.routing, counter, self.fixed);
+        self.parts[i].send_async(msg).await
+    }
+
+    /// Sends the current batches now.
+    pub async fn flush(&self) -> Result<()> {
+        for p in self.parts.iter() {
+            let mut st = p.state.lock().await;
+            p.flush_batch(&mut st).await;
+        }
+        Ok(())
+    }
+
+    /// Flushes, waits (at most the operation timeout) for outstanding
+    /// receipts, then closes the producer on the broker; sends still without
+    /// a receipt fail with [`Error::Closed`].
+    pub async fn close(&self) -> Result<()> {
+        let mut result = Ok(());
+        for p in self.parts.iter() {
+            if let Err(e) = p.close().await {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+impl Shared {
+    async fn send_async(&self, msg: ProducerMessage) -> Result<SendFuture> {
+        let s = self;
         if s.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -330,19 +422,12 @@ impl Producer {
         Ok(SendFuture(rx))
     }
 
-    /// Sends the current batch now.
-    pub async fn flush(&self) -> Result<()> {
-        let mut st = self.shared.state.lock().await;
-        self.shared.flush_batch(&mut st).await;
-        Ok(())
-    }
-
-    /// Flushes, waits (at most the operation timeout) for outstanding
-    /// receipts, then closes the producer on the broker; sends still without
-    /// a receipt fail with [`Error::Closed`].
-    pub async fn close(&self) -> Result<()> {
-        let s = &self.shared;
-        self.flush().await?;
+    async fn close(&self) -> Result<()> {
+        let s = self;
+        {
+            let mut st = s.state.lock().await;
+            s.flush_batch(&mut st).await;
+        }
         // Give in-flight messages their receipts, within the operation timeout.
         let deadline = Instant::now() + s.client.opts().operation_timeout;
         while !s.state.lock().await.pending.is_empty() && Instant::now() < deadline {
@@ -519,7 +604,11 @@ impl ProducerSink for Sink {
             let id = r.message_id.unwrap_or_default();
             for (i, (tx, _permit)) in e.waiters.into_iter().enumerate() {
                 let (bi, bs) = if e.batch { (i as i32, e.num) } else { (-1, 0) };
-                let _ = tx.send(Ok(MessageId::from_data(&id, bi, bs)));
+                let mut mid = MessageId::from_data(&id, bi, bs);
+                if s.partition >= 0 {
+                    mid.partition = s.partition;
+                }
+                let _ = tx.send(Ok(mid));
             }
         }
         .boxed()
