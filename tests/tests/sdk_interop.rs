@@ -428,7 +428,8 @@ async fn consumer_nack_cumulative_ack_and_reader_seek() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_producer_routes_by_key_hash_and_round_robin() {
+async fn partitioned_producer_routes_by_key_hash_and_round_robin_and_consumer_reads_all_partitions()
+{
     let broker = BrokerNode::start_standalone(&[
         "--allow-auto-topic-creation-type=partitioned",
         "--default-num-partitions=3",
@@ -438,8 +439,16 @@ async fn partitioned_producer_routes_by_key_hash_and_round_robin() {
     let t = topic("partitioned");
     let producer = client.producer(&t).batching(true).create().await.unwrap();
     assert_eq!(producer.partitions(), 3);
+    // Subscribed first: a partitioned consumer subscribes to every partition.
+    let mut consumer = client
+        .consumer(&t, "all-partitions")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
     let mut key_partition = std::collections::BTreeMap::new();
     let mut keyless = BTreeSet::new();
+    let mut sent_to = std::collections::BTreeMap::new();
     let mut receipts = Vec::new();
     for i in 0..60 {
         let m = if i % 2 == 0 {
@@ -452,6 +461,7 @@ async fn partitioned_producer_routes_by_key_hash_and_round_robin() {
     for (i, r) in receipts {
         let id = r.await.unwrap();
         assert!((0..3).contains(&id.partition), "partition of {id}");
+        sent_to.insert(format!("p-{i}"), id.partition);
         if i % 2 == 0 {
             let p = *key_partition.entry(i % 10).or_insert(id.partition);
             assert_eq!(p, id.partition, "key-{} sticks to one partition", i % 10);
@@ -461,23 +471,23 @@ async fn partitioned_producer_routes_by_key_hash_and_round_robin() {
     }
     assert_eq!(keyless.len(), 3, "keyless messages go round robin");
     producer.close().await.unwrap();
-    // Every message is on the partition its id names.
-    let mut total = 0;
-    for p in 0..3 {
-        let mut c = client
-            .consumer(format!("{t}-partition-{p}"), "check")
-            .initial_position(InitialPosition::Earliest)
-            .subscribe()
-            .await
-            .unwrap();
-        // Five keys with six messages each; 30 keyless split evenly.
-        let want = key_partition.values().filter(|v| **v == p).count() * 6 + 10;
-        for _ in 0..want {
-            recv(&mut c).await;
-            total += 1;
-        }
-        c.close().await.unwrap();
+    // The partitioned consumer gets all 60, each from the partition its
+    // receipt named, and acks go back to that partition.
+    let mut received = std::collections::BTreeMap::new();
+    for _ in 0..60 {
+        let m = recv(&mut consumer).await;
+        assert!(
+            m.topic.ends_with(&format!("-partition-{}", m.id.partition)),
+            "{}",
+            m.topic
+        );
+        received.insert(
+            String::from_utf8(m.payload.to_vec()).unwrap(),
+            m.id.partition,
+        );
+        consumer.ack(&m.id).await.unwrap();
     }
-    assert_eq!(total, 60);
+    assert_eq!(received, sent_to);
+    consumer.close().await.unwrap();
     client.close().await;
 }

@@ -104,37 +104,68 @@ impl ConsumerBuilder {
             subscription,
             opts,
         } = self;
-        let (tx, rx) = mpsc::channel(opts.receiver_queue as usize + 64);
-        let shared = Arc::new(Shared {
-            id: client.next_id(),
-            client,
-            topic,
-            subscription,
-            opts,
-            closed: AtomicBool::new(false),
-            reconnecting: AtomicBool::new(false),
-            conn: Mutex::new(None),
-            epoch: AtomicU64::new(0),
-            generations: AtomicU64::new(0),
-            tx,
-            batches: Mutex::new(HashMap::new()),
-            start: Mutex::new(start),
-            last_delivered: Mutex::new(None),
-        });
-        shared.clone().subscribe_once().await?;
+        let n = client.partitions(&topic).await?;
+        if n > 0 && opts.reader {
+            return Err(Error::Unsupported(format!(
+                "readers of partitioned topics ({topic} has {n} partitions)"
+            )));
+        }
+        let names: Vec<(String, i32)> = if n == 0 {
+            vec![(topic.clone(), -1)]
+        } else {
+            (0..n)
+                .map(|i| (format!("{topic}-partition-{i}"), i as i32))
+                .collect()
+        };
+        let parts_n = names.len();
+        let (tx, rx) = mpsc::channel((opts.receiver_queue as usize + 64) * parts_n);
+        let mut parts: Vec<Arc<Shared>> = Vec::with_capacity(parts_n);
+        for (index, (part_topic, partition)) in names.into_iter().enumerate() {
+            let shared = Arc::new(Shared {
+                id: client.next_id(),
+                client: client.clone(),
+                topic: part_topic,
+                index,
+                partition,
+                subscription: subscription.clone(),
+                opts: opts.clone(),
+                closed: AtomicBool::new(false),
+                reconnecting: AtomicBool::new(false),
+                conn: Mutex::new(None),
+                epoch: AtomicU64::new(0),
+                generations: AtomicU64::new(0),
+                tx: tx.clone(),
+                batches: Mutex::new(HashMap::new()),
+                start: Mutex::new(start),
+                last_delivered: Mutex::new(None),
+            });
+            if let Err(e) = shared.clone().subscribe_once().await {
+                for p in &parts {
+                    let _ = close_part(p).await;
+                }
+                return Err(e);
+            }
+            parts.push(shared);
+        }
         Ok(Consumer {
-            shared,
+            topic,
             rx,
             local: VecDeque::new(),
-            delivered: 0,
-            flow_epoch: 0,
+            delivered: vec![0; parts_n],
+            flow_epoch: vec![0; parts_n],
+            parts,
         })
     }
 }
 
 struct Shared {
     client: Client,
+    /// The topic this part subscribes to (a partition of a partitioned topic).
     topic: String,
+    /// Index among the consumer's parts.
+    index: usize,
+    /// Partition number, -1 for a non-partitioned topic.
+    partition: i32,
     subscription: String,
     id: u64,
     opts: Options,
@@ -145,7 +176,7 @@ struct Shared {
     /// subscribe); messages of older generations are dropped.
     epoch: AtomicU64,
     generations: AtomicU64,
-    tx: mpsc::Sender<(u64, PayloadFrame)>,
+    tx: mpsc::Sender<(usize, u64, PayloadFrame)>,
     /// Batch entries with messages not yet acknowledged: remaining count.
     batches: Mutex<HashMap<(u64, u64), i32>>,
     /// Readers: where the cursor starts (set by `seek`).
@@ -160,18 +191,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Receives messages; also a `Stream` of `Result<Message>`.
 pub struct Consumer {
-    shared: Arc<Shared>,
-    rx: mpsc::Receiver<(u64, PayloadFrame)>,
-    local: VecDeque<(u64, Message)>,
-    delivered: u32,
-    flow_epoch: u64,
+    topic: String,
+    /// One subscription per partition (one for a non-partitioned topic).
+    parts: Vec<Arc<Shared>>,
+    /// Messages of every part: (part index, generation, entry).
+    rx: mpsc::Receiver<(usize, u64, PayloadFrame)>,
+    local: VecDeque<(usize, u64, Message)>,
+    delivered: Vec<u32>,
+    flow_epoch: Vec<u64>,
 }
 
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("topic", &self.shared.topic)
-            .field("subscription", &self.shared.subscription)
+            .field("topic", &self.topic)
+            .field("subscription", &self.parts[0].subscription)
             .finish()
     }
 }
@@ -179,7 +213,13 @@ impl std::fmt::Debug for Consumer {
 impl Consumer {
     /// The topic.
     pub fn topic(&self) -> &str {
-        &self.shared.topic
+        &self.topic
+    }
+
+    /// The part that holds message `id`.
+    fn part(&self, id: &MessageId) -> &Arc<Shared> {
+        let i = usize::try_from(id.partition).unwrap_or(0);
+        self.parts.get(i).unwrap_or(&self.parts[0])
     }
 
     /// Waits for the next message.
@@ -189,31 +229,35 @@ impl Consumer {
 
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message>> {
         loop {
-            if self.shared.closed.load(Ordering::Acquire) {
+            if self.parts.iter().any(|p| p.closed.load(Ordering::Acquire)) {
                 return Poll::Ready(Err(Error::Closed));
             }
-            let epoch = self.shared.epoch.load(Ordering::Acquire);
-            if let Some((e, m)) = self.local.pop_front() {
+            if let Some((i, e, m)) = self.local.pop_front() {
+                let epoch = self.parts[i].epoch.load(Ordering::Acquire);
                 if e != epoch {
                     continue;
                 }
-                if self.shared.opts.reader {
-                    let mut last = lock(&self.shared.last_delivered);
+                if self.parts[0].opts.reader {
+                    let mut last = lock(&self.parts[0].last_delivered);
                     if last.is_some_and(|l| position(&m.id) <= position(&l)) {
                         continue; // already handed out before a reconnect
                     }
                     *last = Some(m.id);
                 }
-                self.after_deliver(epoch);
+                self.after_deliver(i, epoch);
                 return Poll::Ready(Ok(m));
             }
             match self.rx.poll_recv(cx) {
-                Poll::Ready(Some((e, frame))) => {
-                    if e != epoch {
+                Poll::Ready(Some((i, e, frame))) => {
+                    if self
+                        .parts
+                        .get(i)
+                        .is_none_or(|p| p.epoch.load(Ordering::Acquire) != e)
+                    {
                         continue;
                     }
-                    if let Err(err) = self.take_entry(e, &frame) {
-                        tracing::warn!(topic = %self.shared.topic, error = %err, "dropping undecodable entry");
+                    if let Err(err) = self.take_entry(i, e, &frame) {
+                        tracing::warn!(topic = %self.parts[0].topic, error = %err, "dropping undecodable entry");
                         return Poll::Ready(Err(err));
                     }
                 }
@@ -223,7 +267,8 @@ impl Consumer {
         }
     }
 
-    fn take_entry(&mut self, epoch: u64, frame: &PayloadFrame) -> Result<()> {
+    fn take_entry(&mut self, i: usize, epoch: u64, frame: &PayloadFrame) -> Result<()> {
+        let part = self.parts[i].clone();
         let m = frame
             .command
             .message
@@ -231,61 +276,69 @@ impl Consumer {
             .ok_or_else(|| Error::Protocol("payload frame without MESSAGE".into()))?;
         let parsed = parse_entry(&frame.entry)?;
         let msgs = unpack(
-            &self.shared.topic,
+            &part.topic,
             &m.message_id,
             &parsed.metadata,
             parsed.payload(&frame.entry),
             m.redelivery_count.unwrap_or(0),
         );
-        let msgs = match msgs {
+        let mut msgs = match msgs {
             Ok(v) => v,
             Err(e) => {
                 // Permits were spent on it: count them so flow continues.
-                self.delivered += parsed.num_messages();
+                self.delivered[i] += parsed.num_messages();
                 return Err(e);
             }
         };
+        if part.partition >= 0 {
+            for m in &mut msgs {
+                m.id.partition = part.partition;
+            }
+        }
         if parsed.is_batch() {
-            lock(&self.shared.batches).insert(
+            lock(&part.batches).insert(
                 (m.message_id.ledger_id, m.message_id.entry_id),
                 msgs.len() as i32,
             );
         }
-        self.local.extend(msgs.into_iter().map(|m| (epoch, m)));
+        self.local.extend(msgs.into_iter().map(|m| (i, epoch, m)));
         Ok(())
     }
 
-    fn after_deliver(&mut self, epoch: u64) {
-        if self.flow_epoch != epoch {
-            self.flow_epoch = epoch;
-            self.delivered = 0;
+    fn after_deliver(&mut self, i: usize, epoch: u64) {
+        if self.flow_epoch[i] != epoch {
+            self.flow_epoch[i] = epoch;
+            self.delivered[i] = 0;
         }
-        self.delivered += 1;
-        let half = (self.shared.opts.receiver_queue / 2).max(1);
-        if self.delivered >= half {
-            let conn = lock(&self.shared.conn).clone();
+        self.delivered[i] += 1;
+        let part = &self.parts[i];
+        let half = (part.opts.receiver_queue / 2).max(1);
+        if self.delivered[i] >= half {
+            let conn = lock(&part.conn).clone();
             if let Some(c) = conn
-                && c.try_send_frame(Frame::Command(commands::flow(
-                    self.shared.id,
-                    self.delivered,
-                )))
+                && c.try_send_frame(Frame::Command(commands::flow(part.id, self.delivered[i])))
             {
-                self.delivered = 0;
+                self.delivered[i] = 0;
             }
         }
     }
 
-    fn conn(&self) -> Result<Connection> {
-        lock(&self.shared.conn)
+    fn conn_of(part: &Shared) -> Result<Connection> {
+        lock(&part.conn)
             .clone()
-            .ok_or_else(|| Error::Disconnected(self.shared.topic.clone()))
+            .ok_or_else(|| Error::Disconnected(part.topic.clone()))
+    }
+
+    fn conn(&self) -> Result<Connection> {
+        Self::conn_of(&self.parts[0])
     }
 
     /// Acknowledges one message. A message of a batch acknowledges its entry
     /// once every message of the batch is acknowledged.
     pub async fn ack(&self, id: &MessageId) -> Result<()> {
+        let part = self.part(id);
         if id.batch_size > 0 {
-            let mut b = lock(&self.shared.batches);
+            let mut b = lock(&part.batches);
             let key = (id.ledger_id, id.entry_id);
             match b.get_mut(&key) {
                 Some(n) if *n > 1 => {
@@ -297,9 +350,9 @@ impl Consumer {
                 }
             }
         }
-        let c = self.conn()?;
+        let c = Self::conn_of(part)?;
         c.send_frame(Frame::Command(commands::ack(
-            self.shared.id,
+            part.id,
             AckType::Individual,
             vec![id.to_data()],
             None,
@@ -307,8 +360,10 @@ impl Consumer {
         .await
     }
 
-    /// Acknowledges every message up to and including `id`.
+    /// Acknowledges every message up to and including `id` (of its
+    /// partition, on a partitioned topic).
     pub async fn ack_cumulative(&self, id: &MessageId) -> Result<()> {
+        let part = self.part(id);
         let mut target = *id;
         if id.batch_size > 0 && id.batch_index < id.batch_size - 1 {
             // Part of a batch: only the entries before it are complete.
@@ -317,9 +372,9 @@ impl Consumer {
             }
             target.entry_id -= 1;
         }
-        let c = self.conn()?;
+        let c = Self::conn_of(part)?;
         c.send_frame(Frame::Command(commands::ack(
-            self.shared.id,
+            part.id,
             AckType::Cumulative,
             vec![target.to_data()],
             None,
@@ -329,9 +384,10 @@ impl Consumer {
 
     /// Asks for redelivery of `id` (its whole entry) after the negative-ack delay.
     pub fn negative_ack(&self, id: &MessageId) {
-        let shared = Arc::downgrade(&self.shared);
+        let part = self.part(id);
+        let shared = Arc::downgrade(part);
         let data = id.to_data();
-        let delay = self.shared.opts.nack_delay;
+        let delay = part.opts.nack_delay;
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let Some(s) = shared.upgrade() else { return };
@@ -348,29 +404,40 @@ impl Consumer {
         });
     }
 
-    /// Removes the subscription.
+    /// Removes the subscription (from every partition).
     pub async fn unsubscribe(&self) -> Result<()> {
-        let c = self.conn()?;
-        let rid = self.shared.client.next_id();
-        c.request(rid, commands::unsubscribe(self.shared.id, rid))
-            .await?;
-        self.shared.closed.store(true, Ordering::Release);
-        c.unregister_consumer(self.shared.id);
+        for part in &self.parts {
+            let c = Self::conn_of(part)?;
+            let rid = part.client.next_id();
+            c.request(rid, commands::unsubscribe(part.id, rid)).await?;
+            part.closed.store(true, Ordering::Release);
+            c.unregister_consumer(part.id);
+        }
         Ok(())
     }
 
     /// Closes the consumer (the subscription stays).
     pub async fn close(&self) -> Result<()> {
-        self.shared.closed.store(true, Ordering::Release);
-        let conn = lock(&self.shared.conn).take();
-        if let Some(c) = conn {
-            c.unregister_consumer(self.shared.id);
-            let rid = self.shared.client.next_id();
-            c.request(rid, commands::close_consumer(self.shared.id, rid))
-                .await?;
+        let mut result = Ok(());
+        for part in &self.parts {
+            if let Err(e) = close_part(part).await {
+                result = Err(e);
+            }
         }
-        Ok(())
+        result
     }
+}
+
+async fn close_part(part: &Shared) -> Result<()> {
+    part.closed.store(true, Ordering::Release);
+    let conn = lock(&part.conn).take();
+    if let Some(c) = conn {
+        c.unregister_consumer(part.id);
+        let rid = part.client.next_id();
+        c.request(rid, commands::close_consumer(part.id, rid))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Order of message ids within a topic: ledger, entry, batch index.
@@ -428,16 +495,16 @@ impl Reader {
 
     /// Whether a message after the last one read exists on the topic.
     pub async fn has_message_available(&mut self) -> Result<bool> {
-        let epoch = self.consumer.shared.epoch.load(Ordering::Acquire);
-        if self.consumer.local.iter().any(|(e, _)| *e == epoch) || !self.consumer.rx.is_empty() {
+        let epoch = self.consumer.parts[0].epoch.load(Ordering::Acquire);
+        if self.consumer.local.iter().any(|(_, e, _)| *e == epoch) || !self.consumer.rx.is_empty() {
             return Ok(true);
         }
         let c = self.consumer.conn()?;
-        let rid = self.consumer.shared.client.next_id();
+        let rid = self.consumer.parts[0].client.next_id();
         let r = c
             .request(
                 rid,
-                commands::get_last_message_id(self.consumer.shared.id, rid),
+                commands::get_last_message_id(self.consumer.parts[0].id, rid),
             )
             .await?;
         let last = r
@@ -448,7 +515,7 @@ impl Reader {
             return Ok(false); // empty topic
         }
         let last = (last.ledger_id, last.entry_id);
-        let delivered = *lock(&self.consumer.shared.last_delivered);
+        let delivered = *lock(&self.consumer.parts[0].last_delivered);
         Ok(match delivered {
             Some(d) => {
                 last > (d.ledger_id, d.entry_id)
@@ -456,7 +523,7 @@ impl Reader {
                         && d.batch_size > 0
                         && d.batch_index < d.batch_size - 1)
             }
-            None => match *lock(&self.consumer.shared.start) {
+            None => match *lock(&self.consumer.parts[0].start) {
                 Some(s) if s == MessageId::LATEST => false,
                 Some(s) if s == MessageId::EARLIEST => true,
                 Some(s) => last >= (s.ledger_id, s.entry_id),
@@ -469,7 +536,7 @@ impl Reader {
     /// [`MessageId::LATEST`] work too). The broker then closes the reader's
     /// consumer and it re-subscribes at the new position.
     pub async fn seek(&mut self, id: MessageId) -> Result<()> {
-        let s = self.consumer.shared.clone();
+        let s = self.consumer.parts[0].clone();
         let c = self.consumer.conn()?;
         *lock(&s.start) = Some(id);
         *lock(&s.last_delivered) = None;
@@ -608,8 +675,9 @@ impl ConsumerSink for Sink {
         async move {
             let Some(s) = weak.upgrade() else { return };
             let tx = s.tx.clone();
+            let index = s.index;
             drop(s);
-            let _ = tx.send((generation, frame)).await;
+            let _ = tx.send((index, generation, frame)).await;
         }
         .boxed()
     }
