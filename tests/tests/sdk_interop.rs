@@ -324,7 +324,7 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consumer_nack_cumulative_ack_and_reader_seek() {
+async fn consumer_nack_ack_timeout_cumulative_ack_and_reader_seek() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let client = client(&broker.service_url());
     let t = topic("features");
@@ -365,6 +365,27 @@ async fn consumer_nack_cumulative_ack_and_reader_seek() {
     );
     shared.ack(&again.id).await.unwrap();
     shared.close().await.unwrap();
+
+    // Ack timeout: an unacknowledged message comes back by itself.
+    let mut timed = client
+        .consumer(&t, "timeout-sub")
+        .sub_type(SubType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_timeout(Duration::from_secs(1))
+        .subscribe()
+        .await
+        .unwrap();
+    let kept = recv(&mut timed).await;
+    assert_eq!(text(&kept), "c-0");
+    for _ in 1..10 {
+        let m = recv(&mut timed).await;
+        timed.ack(&m.id).await.unwrap();
+    }
+    let back = recv(&mut timed).await;
+    assert_eq!(text(&back), "c-0", "the unacked message is redelivered");
+    assert!(back.redelivery_count >= 1);
+    timed.ack(&back.id).await.unwrap();
+    timed.close().await.unwrap();
 
     // Cumulative ack survives a new consumer on the subscription.
     let mut excl = client

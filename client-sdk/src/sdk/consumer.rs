@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -37,6 +37,7 @@ struct Options {
     receiver_queue: u32,
     name: Option<String>,
     nack_delay: Duration,
+    ack_timeout: Option<Duration>,
     /// Readers: a non-durable cursor starting at `start`.
     reader: bool,
 }
@@ -62,6 +63,7 @@ impl ConsumerBuilder {
                 receiver_queue: 1000,
                 name: None,
                 nack_delay: Duration::from_secs(1),
+                ack_timeout: None,
                 reader: false,
             },
         }
@@ -89,6 +91,13 @@ impl ConsumerBuilder {
     /// Delay before a negatively acknowledged message is redelivered (default 1 s).
     pub fn negative_ack_delay(mut self, d: Duration) -> Self {
         self.opts.nack_delay = d;
+        self
+    }
+
+    /// Messages not acknowledged within `d` (at least 1 s) are redelivered.
+    /// Default: never.
+    pub fn ack_timeout(mut self, d: Duration) -> Self {
+        self.opts.ack_timeout = Some(d.max(Duration::from_secs(1)));
         self
     }
 
@@ -138,12 +147,16 @@ impl ConsumerBuilder {
                 batches: Mutex::new(HashMap::new()),
                 start: Mutex::new(start),
                 last_delivered: Mutex::new(None),
+                unacked: Mutex::new(HashMap::new()),
             });
             if let Err(e) = shared.clone().subscribe_once().await {
                 for p in &parts {
                     let _ = close_part(p).await;
                 }
                 return Err(e);
+            }
+            if let Some(timeout) = shared.opts.ack_timeout {
+                tokio::spawn(ack_timer(Arc::downgrade(&shared), timeout));
             }
             parts.push(shared);
         }
@@ -183,6 +196,57 @@ struct Shared {
     start: Mutex<Option<MessageId>>,
     /// Readers: the last message handed out (resume point after reconnect).
     last_delivered: Mutex<Option<MessageId>>,
+    /// With an ack timeout: entries handed out and not yet acknowledged,
+    /// with when (at most [`UNACKED_TRACKED_MAX`]).
+    unacked: Mutex<HashMap<(u64, u64), Instant>>,
+}
+
+/// Most entries an ack-timeout tracker remembers per partition.
+const UNACKED_TRACKED_MAX: usize = 1_000_000;
+
+/// Redelivers entries unacknowledged for longer than `timeout`.
+async fn ack_timer(weak: Weak<Shared>, timeout: Duration) {
+    let mut tick = tokio::time::interval(timeout / 4);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(s) = weak.upgrade() else { return };
+        if s.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let expired: Vec<MessageIdData> = {
+            let mut u = lock(&s.unacked);
+            let old: Vec<(u64, u64)> = u
+                .iter()
+                .filter(|(_, t)| t.elapsed() >= timeout)
+                .map(|(k, _)| *k)
+                .collect();
+            old.into_iter()
+                .map(|k| {
+                    u.remove(&k);
+                    lock(&s.batches).remove(&k);
+                    MessageIdData {
+                        ledger_id: k.0,
+                        entry_id: k.1,
+                        partition: (s.partition >= 0).then_some(s.partition),
+                        ..Default::default()
+                    }
+                })
+                .collect()
+        };
+        if expired.is_empty() {
+            continue;
+        }
+        let conn = lock(&s.conn).clone();
+        if let Some(c) = conn {
+            tracing::debug!(topic = %s.topic, n = expired.len(), "ack timeout: asking for redelivery");
+            let _ = c
+                .send_frame(Frame::Command(commands::redeliver_unacknowledged(
+                    s.id, expired,
+                )))
+                .await;
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -243,6 +307,13 @@ impl Consumer {
                         continue; // already handed out before a reconnect
                     }
                     *last = Some(m.id);
+                }
+                if self.parts[i].opts.ack_timeout.is_some() {
+                    let mut u = lock(&self.parts[i].unacked);
+                    if u.len() < UNACKED_TRACKED_MAX {
+                        u.entry((m.id.ledger_id, m.id.entry_id))
+                            .or_insert_with(Instant::now);
+                    }
                 }
                 self.after_deliver(i, epoch);
                 return Poll::Ready(Ok(m));
@@ -350,6 +421,7 @@ impl Consumer {
                 }
             }
         }
+        lock(&part.unacked).remove(&(id.ledger_id, id.entry_id));
         let c = Self::conn_of(part)?;
         c.send_frame(Frame::Command(commands::ack(
             part.id,
@@ -372,6 +444,7 @@ impl Consumer {
             }
             target.entry_id -= 1;
         }
+        lock(&part.unacked).retain(|k, _| *k > (target.ledger_id, target.entry_id));
         let c = Self::conn_of(part)?;
         c.send_frame(Frame::Command(commands::ack(
             part.id,
@@ -392,6 +465,7 @@ impl Consumer {
             tokio::time::sleep(delay).await;
             let Some(s) = shared.upgrade() else { return };
             lock(&s.batches).remove(&(data.ledger_id, data.entry_id));
+            lock(&s.unacked).remove(&(data.ledger_id, data.entry_id));
             let conn = lock(&s.conn).clone();
             if let Some(c) = conn {
                 let _ = c
