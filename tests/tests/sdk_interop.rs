@@ -387,6 +387,49 @@ async fn consumer_nack_ack_timeout_cumulative_ack_and_reader_seek() {
     timed.ack(&back.id).await.unwrap();
     timed.close().await.unwrap();
 
+    // Dead-letter policy: after two redeliveries the message moves to the DLQ.
+    let dlq_topic = format!("{t}-dlq");
+    let mut dlq_reader = client
+        .consumer(&dlq_topic, "dlq-check")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut dl = client
+        .consumer(&t, "dl-sub")
+        .sub_type(SubType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .negative_ack_delay(Duration::from_millis(50))
+        .dead_letter(2, Some(dlq_topic.clone()))
+        .subscribe()
+        .await
+        .unwrap();
+    let mut counts = Vec::new();
+    for _ in 0..30 {
+        let m = recv(&mut dl).await;
+        if text(&m) == "c-0" {
+            counts.push(m.redelivery_count);
+            dl.negative_ack(&m.id);
+            if counts.len() == 3 {
+                break;
+            }
+        } else {
+            dl.ack(&m.id).await.unwrap();
+        }
+    }
+    assert_eq!(counts, vec![0, 1, 2], "handed out until the limit");
+    // Receiving drives dead-lettering: the fourth delivery is not handed out.
+    let again = tokio::time::timeout(Duration::from_millis(1500), dl.receive()).await;
+    assert!(
+        again.is_err(),
+        "dead-lettered message not handed out again: {again:?}"
+    );
+    let dead = recv(&mut dlq_reader).await;
+    assert_eq!(text(&dead), "c-0");
+    assert_eq!(dead.properties.get("REAL_TOPIC"), Some(&t));
+    dl.close().await.unwrap();
+    dlq_reader.close().await.unwrap();
+
     // Cumulative ack survives a new consumer on the subscription.
     let mut excl = client
         .consumer(&t, "cum-sub")

@@ -23,7 +23,8 @@ use super::backoff::Backoff;
 use super::client::Client;
 use super::connection::{Connection, ConsumerSink};
 use super::error::{Error, Result};
-use super::message::{Message, MessageId, unpack};
+use super::message::{Message, MessageId, ProducerMessage, unpack};
+use super::producer::Producer;
 use crate::proto::commands;
 use crate::proto::frame::{Frame, PayloadFrame, parse_entry};
 use crate::proto::pulsar::MessageIdData;
@@ -38,6 +39,8 @@ struct Options {
     name: Option<String>,
     nack_delay: Duration,
     ack_timeout: Option<Duration>,
+    /// Dead-letter policy: (max redeliveries, DLQ topic).
+    dead_letter: Option<(u32, Option<String>)>,
     /// Readers: a non-durable cursor starting at `start`.
     reader: bool,
 }
@@ -64,6 +67,7 @@ impl ConsumerBuilder {
                 name: None,
                 nack_delay: Duration::from_secs(1),
                 ack_timeout: None,
+                dead_letter: None,
                 reader: false,
             },
         }
@@ -101,6 +105,16 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Dead-letter policy: a message delivered more than `max_redeliveries`
+    /// times again is published to `topic` (default
+    /// `<topic>-<subscription>-DLQ`) and acknowledged instead of handed out.
+    /// This happens as the application receives (the message arrives, is
+    /// dead-lettered, and `receive` waits for the next one).
+    pub fn dead_letter(mut self, max_redeliveries: u32, topic: Option<String>) -> Self {
+        self.opts.dead_letter = Some((max_redeliveries, topic));
+        self
+    }
+
     /// Subscribes.
     pub async fn subscribe(self) -> Result<Consumer> {
         self.subscribe_at(None).await
@@ -113,6 +127,16 @@ impl ConsumerBuilder {
             subscription,
             opts,
         } = self;
+        let dlq = match &opts.dead_letter {
+            Some((max, t)) => {
+                let t = t
+                    .clone()
+                    .unwrap_or_else(|| format!("{topic}-{subscription}-DLQ"));
+                // Boxed: keeps the subscribe future small.
+                Some((*max, Box::pin(client.producer(t).create()).await?))
+            }
+            None => None,
+        };
         let n = client.partitions(&topic).await?;
         if n > 0 && opts.reader {
             return Err(Error::Unsupported(format!(
@@ -149,7 +173,7 @@ impl ConsumerBuilder {
                 last_delivered: Mutex::new(None),
                 unacked: Mutex::new(HashMap::new()),
             });
-            if let Err(e) = shared.clone().subscribe_once().await {
+            if let Err(e) = Box::pin(shared.clone().subscribe_once()).await {
                 for p in &parts {
                     let _ = close_part(p).await;
                 }
@@ -162,6 +186,7 @@ impl ConsumerBuilder {
         }
         Ok(Consumer {
             topic,
+            dlq,
             rx,
             local: VecDeque::new(),
             delivered: vec![0; parts_n],
@@ -256,6 +281,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Receives messages; also a `Stream` of `Result<Message>`.
 pub struct Consumer {
     topic: String,
+    /// Dead-letter policy: max redeliveries and the DLQ producer.
+    dlq: Option<(u32, Producer)>,
     /// One subscription per partition (one for a non-partitioned topic).
     parts: Vec<Arc<Shared>>,
     /// Messages of every part: (part index, generation, entry).
@@ -299,6 +326,14 @@ impl Consumer {
             if let Some((i, e, m)) = self.local.pop_front() {
                 let epoch = self.parts[i].epoch.load(Ordering::Acquire);
                 if e != epoch {
+                    continue;
+                }
+                if let Some((max, producer)) = &self.dlq
+                    && m.redelivery_count > *max
+                {
+                    let (producer, part) = (producer.clone(), self.parts[i].clone());
+                    self.after_deliver(i, epoch);
+                    tokio::spawn(dead_letter(producer, part, m));
                     continue;
                 }
                 if self.parts[0].opts.reader {
@@ -407,29 +442,7 @@ impl Consumer {
     /// Acknowledges one message. A message of a batch acknowledges its entry
     /// once every message of the batch is acknowledged.
     pub async fn ack(&self, id: &MessageId) -> Result<()> {
-        let part = self.part(id);
-        if id.batch_size > 0 {
-            let mut b = lock(&part.batches);
-            let key = (id.ledger_id, id.entry_id);
-            match b.get_mut(&key) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    return Ok(());
-                }
-                _ => {
-                    b.remove(&key);
-                }
-            }
-        }
-        lock(&part.unacked).remove(&(id.ledger_id, id.entry_id));
-        let c = Self::conn_of(part)?;
-        c.send_frame(Frame::Command(commands::ack(
-            part.id,
-            AckType::Individual,
-            vec![id.to_data()],
-            None,
-        )))
-        .await
+        ack_part(self.part(id), id).await
     }
 
     /// Acknowledges every message up to and including `id` (of its
@@ -493,12 +506,62 @@ impl Consumer {
     /// Closes the consumer (the subscription stays).
     pub async fn close(&self) -> Result<()> {
         let mut result = Ok(());
+        if let Some((_, p)) = &self.dlq {
+            let _ = p.close().await;
+        }
         for part in &self.parts {
             if let Err(e) = close_part(part).await {
                 result = Err(e);
             }
         }
         result
+    }
+}
+
+/// Individual ack of `id` on `part` (a batch entry once all its messages are).
+async fn ack_part(part: &Shared, id: &MessageId) -> Result<()> {
+    if id.batch_size > 0 {
+        let mut b = lock(&part.batches);
+        let key = (id.ledger_id, id.entry_id);
+        match b.get_mut(&key) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                return Ok(());
+            }
+            _ => {
+                b.remove(&key);
+            }
+        }
+    }
+    lock(&part.unacked).remove(&(id.ledger_id, id.entry_id));
+    let c = Consumer::conn_of(part)?;
+    c.send_frame(Frame::Command(commands::ack(
+        part.id,
+        AckType::Individual,
+        vec![id.to_data()],
+        None,
+    )))
+    .await
+}
+
+/// Publishes `m` to the dead-letter topic, then acknowledges it; if the
+/// publish fails the message stays unacknowledged (and comes back).
+async fn dead_letter(producer: Producer, part: Arc<Shared>, m: Message) {
+    let mut out = ProducerMessage::new(m.payload.clone());
+    out.key = m.key.clone();
+    out.properties = m.properties.clone();
+    out.properties
+        .insert("REAL_TOPIC".into(), part.topic.clone());
+    out.properties
+        .insert("ORIGIN_MESSAGE_ID".into(), m.id.to_string());
+    out.event_time = m.event_time;
+    match producer.send(out).await {
+        Ok(_) => {
+            if let Err(e) = ack_part(&part, &m.id).await {
+                tracing::warn!(topic = %part.topic, error = %e, "ack after dead-lettering failed");
+            }
+        }
+        Err(e) => tracing::warn!(topic = %part.topic, error = %e, "dead-letter publish failed"),
     }
 }
 

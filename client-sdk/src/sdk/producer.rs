@@ -143,11 +143,12 @@ impl ProducerBuilder {
         let n = client.partitions(&topic).await?;
         let mut parts = Vec::new();
         if n == 0 {
-            parts.push(create_one(client.clone(), topic.clone(), -1, opts.clone()).await?);
+            parts
+                .push(Box::pin(create_one(client.clone(), topic.clone(), -1, opts.clone())).await?);
         } else {
             for i in 0..n {
                 let t = format!("{topic}-partition-{i}");
-                match create_one(client.clone(), t, i as i32, opts.clone()).await {
+                match Box::pin(create_one(client.clone(), t, i as i32, opts.clone())).await {
                     Ok(p) => parts.push(p),
                     Err(e) => {
                         for p in &parts {
