@@ -28,6 +28,17 @@ pub(crate) struct Options {
     pub(crate) keep_alive: Duration,
     pub(crate) backoff_initial: Duration,
     pub(crate) backoff_max: Duration,
+    pub(crate) token: Option<Secret>,
+}
+
+/// A credential that `Debug` does not print.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// Builds a [`Client`].
@@ -57,6 +68,12 @@ impl ClientBuilder {
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.opts.backoff_initial = initial;
         self.opts.backoff_max = max;
+        self
+    }
+    /// Token authentication: CONNECT carries `auth_method_name = "token"`
+    /// and the token (also the answer to an AUTH_CHALLENGE).
+    pub fn auth_token(mut self, token: impl Into<String>) -> Self {
+        self.opts.token = Some(Secret(token.into()));
         self
     }
     /// Validates the URL and builds the client (no I/O yet).
@@ -107,6 +124,7 @@ impl Client {
                 keep_alive: Duration::from_secs(30),
                 backoff_initial: Duration::from_millis(100),
                 backoff_max: Duration::from_secs(30),
+                token: None,
             },
         }
     }
@@ -189,6 +207,7 @@ impl Client {
             o.connection_timeout,
             o.operation_timeout,
             o.keep_alive,
+            o.token.as_ref().map(|t| t.0.clone()),
         )
         .await?;
         conns.insert(addr.to_owned(), c.clone());
@@ -249,6 +268,12 @@ mod tests {
     use super::*;
 
     fn assert_send_sync<T: Send + Sync + Clone>() {}
+
+    #[test]
+    fn token_is_not_in_debug_output() {
+        let b = Client::builder("pulsar://a:1").auth_token("s3cret-token");
+        assert!(!format!("{b:?}").contains("s3cret"));
+    }
 
     #[test]
     fn client_is_send_sync_clone_and_checks_url() {

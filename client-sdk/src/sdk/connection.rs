@@ -69,6 +69,7 @@ pub(crate) struct Connection {
     shared: Arc<Shared>,
     tx: mpsc::Sender<Frame>,
     op_timeout: Duration,
+    token: Option<Arc<str>>,
 }
 
 static CONN_IDS: AtomicU64 = AtomicU64::new(1);
@@ -84,6 +85,7 @@ impl Connection {
         connect_timeout: Duration,
         op_timeout: Duration,
         keep_alive: Duration,
+        token: Option<String>,
     ) -> Result<Connection> {
         let io_err = |source| Error::Io {
             addr: addr.to_owned(),
@@ -99,10 +101,7 @@ impl Connection {
         let mut writer = FramedWrite::new(w, PulsarCodec::default());
         let handshake = async {
             writer
-                .send(Frame::Command(commands::connect(
-                    concat!("cms-client-", env!("CARGO_PKG_VERSION")),
-                    PROTOCOL_VERSION,
-                )))
+                .send(Frame::Command(connect_command(token.as_deref())))
                 .await?;
             match reader.next().await {
                 Some(Ok(f)) => {
@@ -144,6 +143,7 @@ impl Connection {
             shared: shared.clone(),
             tx: tx.clone(),
             op_timeout,
+            token: token.map(Arc::from),
         };
         tracing::debug!(addr, conn_id = shared.id, "connected");
 
@@ -312,6 +312,29 @@ impl Connection {
                 return;
             }
             Type::Pong | Type::ActiveConsumerChange => return,
+            Type::AuthChallenge => {
+                let data = self
+                    .token
+                    .as_deref()
+                    .map(|t| bytes::Bytes::copy_from_slice(t.as_bytes()));
+                let resp = BaseCommand {
+                    auth_response: Some(crate::proto::pulsar::CommandAuthResponse {
+                        client_version: Some(
+                            concat!("cms-client-", env!("CARGO_PKG_VERSION")).to_owned(),
+                        ),
+                        response: Some(crate::proto::pulsar::AuthData {
+                            auth_method_name: Some(
+                                if data.is_some() { "token" } else { "none" }.to_owned(),
+                            ),
+                            auth_data: data,
+                        }),
+                        protocol_version: Some(PROTOCOL_VERSION),
+                    }),
+                    ..commands::base(Type::AuthResponse)
+                };
+                let _ = self.tx.try_send(Frame::Command(resp));
+                return;
+            }
             Type::SendReceipt => {
                 if let Some(r) = cmd.send_receipt {
                     let sink = lock(&self.shared.producers).get(&r.producer_id).cloned();
@@ -399,6 +422,19 @@ impl Connection {
     }
 }
 
+/// CONNECT, with token authentication if a token is given.
+pub(crate) fn connect_command(token: Option<&str>) -> BaseCommand {
+    let mut cmd = commands::connect(
+        concat!("cms-client-", env!("CARGO_PKG_VERSION")),
+        PROTOCOL_VERSION,
+    );
+    if let (Some(t), Some(c)) = (token, cmd.connect.as_mut()) {
+        c.auth_method_name = Some("token".to_owned());
+        c.auth_data = Some(bytes::Bytes::copy_from_slice(t.as_bytes()));
+    }
+    cmd
+}
+
 fn close(shared: &Arc<Shared>) {
     if shared.closed.swap(true, Ordering::AcqRel) {
         return;
@@ -415,5 +451,23 @@ fn close(shared: &Arc<Shared>) {
     let consumers: Vec<_> = lock(&shared.consumers).drain().map(|(_, s)| s).collect();
     for c in consumers {
         c.disconnected(shared.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_carries_the_token_only_when_given() {
+        let plain = connect_command(None);
+        let c = plain.connect.unwrap();
+        assert_eq!(c.auth_method_name.as_deref(), Some("none"));
+        assert!(c.auth_data.is_none());
+        let with = connect_command(Some("abc.def"));
+        let c = with.connect.unwrap();
+        assert_eq!(c.auth_method_name.as_deref(), Some("token"));
+        assert_eq!(c.auth_data.as_deref(), Some(&b"abc.def"[..]));
+        assert_eq!(c.protocol_version, Some(PROTOCOL_VERSION));
     }
 }
