@@ -99,6 +99,16 @@ struct Inner {
     ids: AtomicU64,
 }
 
+impl Drop for Inner {
+    /// The last handle (client, producer or consumer) is gone: close the
+    /// connections so their tasks end.
+    fn drop(&mut self) {
+        for (_, c) in self.conns.get_mut().drain() {
+            c.close();
+        }
+    }
+}
+
 /// A Pulsar client: creates producers and consumers.
 #[derive(Clone)]
 pub struct Client {
