@@ -129,6 +129,29 @@ impl ProducerMessage {
     }
 }
 
+impl ProducerMessage {
+    /// A message whose payload is `value` as JSON (no schema is registered
+    /// with the broker).
+    pub fn json<T: serde::Serialize>(value: &T) -> Result<Self> {
+        serde_json::to_vec(value)
+            .map(ProducerMessage::new)
+            .map_err(|e| Error::Payload(format!("JSON encoding: {e}")))
+    }
+}
+
+impl Message {
+    /// The payload as UTF-8 text.
+    pub fn text(&self) -> Result<&str> {
+        std::str::from_utf8(&self.payload).map_err(|e| Error::Payload(format!("not UTF-8: {e}")))
+    }
+
+    /// The payload decoded from JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_slice(&self.payload)
+            .map_err(|e| Error::Payload(format!("JSON decoding: {e}")))
+    }
+}
+
 impl From<Vec<u8>> for ProducerMessage {
     fn from(v: Vec<u8>) -> Self {
         ProducerMessage::new(v)
@@ -380,6 +403,21 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(&got[0].payload[..], b"hello");
         assert_eq!(got[0].id.batch_index, -1);
+    }
+
+    #[test]
+    fn json_and_text_helpers() {
+        let m = ProducerMessage::json(&serde_json::json!({"a": 1, "b": "x"})).unwrap();
+        let (meta, payload) = single_entry_parts(&m, "p", 0, CompressionType::None).unwrap();
+        let got = unpack("t", &id(), &meta, &payload, 0).unwrap().remove(0);
+        let v: serde_json::Value = got.json().unwrap();
+        assert_eq!(v["a"], 1);
+        assert!(got.text().unwrap().contains("\"b\":\"x\""));
+        let bad = ProducerMessage::new(vec![0xff, 0xfe]);
+        let (meta, payload) = single_entry_parts(&bad, "p", 0, CompressionType::None).unwrap();
+        let got = unpack("t", &id(), &meta, &payload, 0).unwrap().remove(0);
+        assert!(got.text().is_err());
+        assert!(got.json::<serde_json::Value>().is_err());
     }
 
     #[test]
