@@ -1,4 +1,78 @@
-//! `cms-client`: the Pulsar wire codec (shared with the broker) and the Rust SDK
-//! (Client, Producer, Consumer, Reader; the SDK is not built yet).
+//! `cms-client`: the Pulsar wire codec (shared with the broker, [`proto`])
+//! and the Rust SDK: [`Client`], [`Producer`], [`Consumer`].
+//!
+//! # Tutorial
+//!
+//! Publish, subscribe, acknowledge:
+//!
+//! ```no_run
+//! use cms_client::{Client, CompressionType, InitialPosition, ProducerMessage, SubType};
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), cms_client::Error> {
+//! // One client per application: it shares one connection per broker.
+//! let client = Client::builder("pulsar://localhost:6650")
+//!     .operation_timeout(Duration::from_secs(10))
+//!     .build()?;
+//!
+//! // Subscribe first so the subscription sees what follows.
+//! let mut consumer = client
+//!     .consumer("persistent://public/default/orders", "billing")
+//!     .sub_type(SubType::Shared)
+//!     .initial_position(InitialPosition::Earliest)
+//!     .subscribe()
+//!     .await?;
+//!
+//! // A producer with batching and LZ4 compression.
+//! let producer = client
+//!     .producer("persistent://public/default/orders")
+//!     .batching(true)
+//!     .compression(CompressionType::Lz4)
+//!     .create()
+//!     .await?;
+//!
+//! // `send` waits for the broker's receipt and returns the message id.
+//! let id = producer
+//!     .send(ProducerMessage::new("order 1").key("customer-7").property("source", "web"))
+//!     .await?;
+//! println!("published as {id}");
+//!
+//! // `send_async` returns once queued; await the receipt later.
+//! let receipt = producer.send_async("order 2").await?;
+//! receipt.await?;
+//!
+//! for _ in 0..2 {
+//!     let msg = consumer.receive().await?;
+//!     println!("got {:?} (redelivered {} times)", msg.payload, msg.redelivery_count);
+//!     consumer.ack(&msg.id).await?;
+//! }
+//! producer.close().await?;
+//! consumer.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A [`Consumer`] is also a `futures::Stream` of `Result<Message>`.
+//!
+//! # Promises
+//! - Nothing panics on bad server input: it is an [`Error`].
+//! - Every queue is bounded: the producer's pending messages
+//!   (`max_pending_messages`), the consumer's receiver queue, requests per
+//!   connection, frames per connection.
+//! - Producers and consumers survive a broker restart: they reconnect with
+//!   backoff; producers resend unacknowledged messages with their original
+//!   sequence ids.
 
 pub mod proto;
+pub mod sdk;
+
+pub use proto::pulsar::CompressionType;
+pub use proto::pulsar::ProducerAccessMode;
+pub use proto::pulsar::ServerError;
+pub use proto::pulsar::command_subscribe::{InitialPosition, SubType};
+pub use sdk::client::{Client, ClientBuilder};
+pub use sdk::consumer::{Consumer, ConsumerBuilder, Reader, ReaderBuilder};
+pub use sdk::error::{Error, Result};
+pub use sdk::message::{Message, MessageId, ProducerMessage};
+pub use sdk::producer::{Producer, ProducerBuilder, SendFuture};
+pub use sdk::routing::RoutingMode;

@@ -1,0 +1,13 @@
+//! The Rust SDK built on [`crate::proto`]: [`Client`], [`Producer`],
+//! [`Consumer`]. See the crate documentation for a tutorial.
+
+pub mod backoff;
+pub mod client;
+pub mod compression;
+pub(crate) mod connection;
+pub mod consumer;
+pub mod error;
+pub mod message;
+pub mod producer;
+pub mod routing;
+pub mod url;
