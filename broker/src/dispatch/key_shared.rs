@@ -44,36 +44,9 @@ pub const NONE_KEY: &[u8] = b"NONE_KEY";
 /// Ranges one STICKY consumer may declare.
 pub const STICKY_RANGES_MAX: usize = 1_024;
 
-/// Murmur3 x86 32-bit hash (Guava's `murmur3_32`, Pulsar's `Murmur3_32Hash`).
-pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
-    const C1: u32 = 0xcc9e_2d51;
-    const C2: u32 = 0x1b87_3593;
-    let mut h = seed;
-    let mut chunks = data.chunks_exact(4);
-    for c in &mut chunks {
-        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        k = k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
-        h ^= k;
-        h = h.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64);
-    }
-    let tail = chunks.remainder();
-    if !tail.is_empty() {
-        let mut k = 0u32;
-        for (i, b) in tail.iter().enumerate() {
-            k |= u32::from(*b) << (8 * i);
-        }
-        k = k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
-        h ^= k;
-    }
-    // Lengths beyond u32 wrap, as in the reference implementation.
-    h ^= data.len() as u32;
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 13;
-    h = h.wrapping_mul(0xc2b2_ae35);
-    h ^= h >> 16;
-    h
-}
+/// Murmur3 x86 32-bit hash (Guava's `murmur3_32`, Pulsar's `Murmur3_32Hash`),
+/// shared with the SDK's key routing so broker and client hash keys alike.
+pub use cms_client::sdk::routing::murmur3_32;
 
 /// The sticky key hash of `key`, in `0..HASH_RANGE`.
 pub fn sticky_key_hash(key: &[u8]) -> u16 {

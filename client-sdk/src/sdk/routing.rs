@@ -13,7 +13,10 @@ pub enum RoutingMode {
     Single,
 }
 
-/// MurmurHash3 x86 32-bit.
+/// MurmurHash3 x86 32-bit (Guava's `murmur3_32`, Pulsar's `Murmur3_32Hash`),
+/// also the broker's Key_Shared hash. Written here rather than taken from a
+/// crate: it is 30 lines, pinned by Pulsar's reference vectors in the tests,
+/// and the crates offering it take a `Read` and return `io::Result`.
 pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
     const C1: u32 = 0xcc9e_2d51;
     const C2: u32 = 0x1b87_3593;
