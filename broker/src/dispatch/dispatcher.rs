@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::failover::select_active;
 use super::key_shared::Selector;
-use super::types::{ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType};
+use super::types::{
+    ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType, check_admission,
+};
 use crate::managed_ledger::Position;
 
 /// Something the caller must tell consumers.
@@ -306,29 +308,12 @@ impl Dispatcher {
     /// Attaches a consumer (with no permits). Exclusive refuses a second
     /// consumer; a type other than the attached consumers' is refused.
     pub fn add_consumer(&mut self, info: ConsumerInfo) -> Result<Vec<Event>, DispatchError> {
-        if self.idx(info.id).is_ok() {
-            return Err(DispatchError::DuplicateConsumer(info.id));
-        }
-        if let Some(current) = self.sub_type {
-            if current != info.sub_type {
-                return Err(DispatchError::SubTypeMismatch {
-                    current,
-                    requested: info.sub_type,
-                });
-            }
-            if current == SubType::Exclusive
-                && let Some(c) = self.consumers.first()
-            {
-                return Err(DispatchError::ConsumerBusy {
-                    existing: c.info.id,
-                });
-            }
-        }
-        if self.consumers.len() >= self.limits.consumers_max {
-            return Err(DispatchError::TooManyConsumers {
-                max: self.limits.consumers_max,
-            });
-        }
+        check_admission(
+            self.sub_type,
+            self.consumers.iter().map(|c| &c.info),
+            self.limits.consumers_max,
+            &info,
+        )?;
         if info.sub_type == SubType::KeyShared {
             let spec = info.key_shared.clone().unwrap_or_default();
             self.selector.add(info.id, &info.name, &spec)?;

@@ -66,4 +66,6 @@ pub use dispatcher::{
 };
 pub use failover::select_active;
 pub use key_shared::{HashRange, KeySharedError, KeySharedMode, KeySharedSpec};
-pub use types::{ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType};
+pub use types::{
+    ConsumerId, ConsumerInfo, DispatchError, DispatchLimits, SubType, check_admission,
+};

@@ -174,6 +174,38 @@ pub enum DispatchError {
     KeyShared(#[from] KeySharedError),
 }
 
+/// The checks every subscription (persistent or not) makes before attaching
+/// `info` to the consumers already `attached` under `sub_type`: no duplicate
+/// id, one subscription type, one consumer on Exclusive, at most
+/// `consumers_max` consumers.
+pub fn check_admission<'a>(
+    sub_type: Option<SubType>,
+    attached: impl ExactSizeIterator<Item = &'a ConsumerInfo> + Clone,
+    consumers_max: usize,
+    info: &ConsumerInfo,
+) -> Result<(), DispatchError> {
+    if attached.clone().any(|c| c.id == info.id) {
+        return Err(DispatchError::DuplicateConsumer(info.id));
+    }
+    if let Some(current) = sub_type {
+        if current != info.sub_type {
+            return Err(DispatchError::SubTypeMismatch {
+                current,
+                requested: info.sub_type,
+            });
+        }
+        if current == SubType::Exclusive
+            && let Some(c) = attached.clone().next()
+        {
+            return Err(DispatchError::ConsumerBusy { existing: c.id });
+        }
+    }
+    if attached.len() >= consumers_max {
+        return Err(DispatchError::TooManyConsumers { max: consumers_max });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,9 @@
 //!   Key_Shared mode / range conflicts).
 
 use crate::dispatch::key_shared::Selector;
-use crate::dispatch::{ConsumerId, ConsumerInfo, DispatchError, Event, SubType, select_active};
+use crate::dispatch::{
+    ConsumerId, ConsumerInfo, DispatchError, Event, SubType, check_admission, select_active,
+};
 
 /// Why a message is not delivered on a subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,29 +111,12 @@ impl Router {
     /// Attaches a consumer with no permits (the same checks as a persistent
     /// subscription); returns Failover's activity events.
     pub fn add_consumer(&mut self, info: ConsumerInfo) -> Result<Vec<Event>, DispatchError> {
-        if self.idx(info.id).is_ok() {
-            return Err(DispatchError::DuplicateConsumer(info.id));
-        }
-        if let Some(current) = self.sub_type {
-            if current != info.sub_type {
-                return Err(DispatchError::SubTypeMismatch {
-                    current,
-                    requested: info.sub_type,
-                });
-            }
-            if current == SubType::Exclusive
-                && let Some(m) = self.members.first()
-            {
-                return Err(DispatchError::ConsumerBusy {
-                    existing: m.info.id,
-                });
-            }
-        }
-        if self.members.len() >= self.consumers_max {
-            return Err(DispatchError::TooManyConsumers {
-                max: self.consumers_max,
-            });
-        }
+        check_admission(
+            self.sub_type,
+            self.members.iter().map(|m| &m.info),
+            self.consumers_max,
+            &info,
+        )?;
         if info.sub_type == SubType::KeyShared {
             let spec = info.key_shared.clone().unwrap_or_default();
             self.selector.add(info.id, &info.name, &spec)?;
