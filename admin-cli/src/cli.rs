@@ -48,7 +48,13 @@ pub struct Global {
     #[arg(long, global = true, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub timeout: Option<u64>,
     /// Bearer token sent as `Authorization: Bearer <token>`
-    #[arg(long, env = "CMS_ADMIN_TOKEN", global = true, conflicts_with = "token_file", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "CMS_ADMIN_TOKEN",
+        global = true,
+        conflicts_with = "token_file",
+        hide_env_values = true
+    )]
     pub token: Option<String>,
     /// File holding the bearer token
     #[arg(long, global = true)]
@@ -321,7 +327,9 @@ pub enum Namespaces {
         namespace: String,
     },
     /// Keep acknowledged messages for a time and/or a size (-1 = unlimited)
-    #[command(after_help = "Example:\n  cms-admin namespaces set-retention acme/orders --time-minutes 1440 --size-mb 1024")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-retention acme/orders --time-minutes 1440 --size-mb 1024"
+    )]
     SetRetention {
         /// Namespace TENANT/NS
         namespace: String,
@@ -361,7 +369,9 @@ pub enum Namespaces {
         seconds: u32,
     },
     /// Limit the publish rate per topic
-    #[command(after_help = "Example:\n  cms-admin namespaces set-publish-rate acme/orders --msgs 1000 --bytes 1048576")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-publish-rate acme/orders --msgs 1000 --bytes 1048576"
+    )]
     SetPublishRate {
         /// Namespace TENANT/NS
         namespace: String,
@@ -373,28 +383,44 @@ pub enum Namespaces {
         bytes: i64,
     },
     /// Limit the dispatch rate per topic
-    #[command(after_help = "Example:\n  cms-admin namespaces set-dispatch-rate acme/orders --msgs 500 --period 1")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-dispatch-rate acme/orders --msgs 500 --period 1"
+    )]
     SetDispatchRate(DispatchRateArgs),
     /// Limit the dispatch rate per subscription
-    #[command(after_help = "Example:\n  cms-admin namespaces set-subscription-dispatch-rate acme/orders --msgs 100")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-subscription-dispatch-rate acme/orders --msgs 100"
+    )]
     SetSubscriptionDispatchRate(DispatchRateArgs),
     /// Limit producers per topic
-    #[command(after_help = "Example:\n  cms-admin namespaces set-max-producers-per-topic acme/orders 10")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-max-producers-per-topic acme/orders 10"
+    )]
     SetMaxProducersPerTopic(NsCount),
     /// Limit consumers per topic
-    #[command(after_help = "Example:\n  cms-admin namespaces set-max-consumers-per-topic acme/orders 50")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-max-consumers-per-topic acme/orders 50"
+    )]
     SetMaxConsumersPerTopic(NsCount),
     /// Limit consumers per subscription
-    #[command(after_help = "Example:\n  cms-admin namespaces set-max-consumers-per-subscription acme/orders 20")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-max-consumers-per-subscription acme/orders 20"
+    )]
     SetMaxConsumersPerSubscription(NsCount),
     /// Limit topics in the namespace
-    #[command(after_help = "Example:\n  cms-admin namespaces set-max-topics-per-namespace acme/orders 1000")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-max-topics-per-namespace acme/orders 1000"
+    )]
     SetMaxTopicsPerNamespace(NsCount),
     /// Limit subscriptions per topic
-    #[command(after_help = "Example:\n  cms-admin namespaces set-max-subscriptions-per-topic acme/orders 16")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-max-subscriptions-per-topic acme/orders 16"
+    )]
     SetMaxSubscriptionsPerTopic(NsCount),
     /// Turn producer de-duplication on or off
-    #[command(after_help = "Example:\n  cms-admin namespaces set-deduplication acme/orders --enable")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-deduplication acme/orders --enable"
+    )]
     SetDeduplication {
         /// Namespace TENANT/NS
         namespace: String,
@@ -448,7 +474,9 @@ pub enum Namespaces {
         mark_delete_rate: f64,
     },
     /// Clusters the namespace is replicated to (this cluster only today)
-    #[command(after_help = "Example:\n  cms-admin namespaces set-replication-clusters acme/orders standalone")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-replication-clusters acme/orders standalone"
+    )]
     SetReplicationClusters {
         /// Namespace TENANT/NS
         namespace: String,
@@ -457,7 +485,9 @@ pub enum Namespaces {
         clusters: Vec<String>,
     },
     /// Schema compatibility strategy (FULL, BACKWARD, FORWARD, ..._TRANSITIVE, ALWAYS_COMPATIBLE, ...)
-    #[command(after_help = "Example:\n  cms-admin namespaces set-schema-compatibility-strategy acme/orders BACKWARD")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-schema-compatibility-strategy acme/orders BACKWARD"
+    )]
     SetSchemaCompatibilityStrategy {
         /// Namespace TENANT/NS
         namespace: String,
@@ -465,7 +495,9 @@ pub enum Namespaces {
         strategy: String,
     },
     /// Whether producers may add schema versions
-    #[command(after_help = "Example:\n  cms-admin namespaces set-is-allow-auto-update-schema acme/orders --disable")]
+    #[command(
+        after_help = "Example:\n  cms-admin namespaces set-is-allow-auto-update-schema acme/orders --disable"
+    )]
     SetIsAllowAutoUpdateSchema {
         /// Namespace TENANT/NS
         namespace: String,
@@ -516,7 +548,9 @@ pub enum Topics {
         topic: String,
     },
     /// Create a partitioned topic
-    #[command(after_help = "Example:\n  cms-admin topics create-partitioned persistent://acme/orders/events -p 8")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics create-partitioned persistent://acme/orders/events -p 8"
+    )]
     CreatePartitioned {
         /// Topic
         topic: String,
@@ -525,7 +559,9 @@ pub enum Topics {
         partitions: u32,
     },
     /// Grow a partitioned topic
-    #[command(after_help = "Example:\n  cms-admin topics update-partitions persistent://acme/orders/events -p 16")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics update-partitions persistent://acme/orders/events -p 16"
+    )]
     UpdatePartitions {
         /// Topic
         topic: String,
@@ -534,7 +570,9 @@ pub enum Topics {
         partitions: u32,
     },
     /// Show a topic's partition count (0 = not partitioned)
-    #[command(after_help = "Example:\n  cms-admin topics partitions persistent://acme/orders/events")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics partitions persistent://acme/orders/events"
+    )]
     Partitions {
         /// Topic
         topic: String,
@@ -577,19 +615,25 @@ pub enum Topics {
         per_partition: bool,
     },
     /// Show a topic's storage state: ledgers and cursors
-    #[command(after_help = "Example:\n  cms-admin topics internal-stats persistent://acme/orders/events")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics internal-stats persistent://acme/orders/events"
+    )]
     InternalStats {
         /// Topic
         topic: String,
     },
     /// Show a topic's last stored message id
-    #[command(after_help = "Example:\n  cms-admin topics last-message-id persistent://acme/orders/events")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics last-message-id persistent://acme/orders/events"
+    )]
     LastMessageId {
         /// Topic
         topic: String,
     },
     /// Show messages after a subscription's position without consuming them
-    #[command(after_help = "Example:\n  cms-admin topics peek persistent://acme/orders/events -s audit -n 5")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics peek persistent://acme/orders/events -s audit -n 5"
+    )]
     Peek {
         /// Topic
         topic: String,
@@ -607,7 +651,9 @@ pub enum Topics {
         topic: String,
     },
     /// List a topic's durable subscriptions
-    #[command(after_help = "Example:\n  cms-admin topics subscriptions persistent://acme/orders/events")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics subscriptions persistent://acme/orders/events"
+    )]
     Subscriptions {
         /// Topic
         topic: String,
@@ -627,7 +673,9 @@ pub enum Topics {
         position: Position,
     },
     /// Delete a subscription (no consumer may be connected)
-    #[command(after_help = "Example:\n  cms-admin topics delete-subscription persistent://acme/orders/events -s audit --yes")]
+    #[command(
+        after_help = "Example:\n  cms-admin topics delete-subscription persistent://acme/orders/events -s audit --yes"
+    )]
     DeleteSubscription {
         /// Topic
         topic: String,
@@ -663,7 +711,12 @@ pub enum Topics {
         #[arg(short, long)]
         subscription: String,
         /// Entries to skip
-        #[arg(short = 'n', long, conflicts_with = "all", required_unless_present = "all")]
+        #[arg(
+            short = 'n',
+            long,
+            conflicts_with = "all",
+            required_unless_present = "all"
+        )]
         count: Option<u64>,
         /// Clear the whole backlog
         #[arg(long)]
@@ -677,7 +730,12 @@ pub enum Topics {
         /// Topic
         topic: String,
         /// Subscription
-        #[arg(short, long, conflicts_with = "all_subscriptions", required_unless_present = "all_subscriptions")]
+        #[arg(
+            short,
+            long,
+            conflicts_with = "all_subscriptions",
+            required_unless_present = "all_subscriptions"
+        )]
         subscription: Option<String>,
         /// Every durable subscription of the topic
         #[arg(long)]
@@ -710,7 +768,11 @@ pub enum Queues {
         #[arg(long, allow_negative_numbers = true, requires = "retention_size_mb")]
         retention_time_minutes: Option<i64>,
         /// Retention megabytes (stored with the queue)
-        #[arg(long, allow_negative_numbers = true, requires = "retention_time_minutes")]
+        #[arg(
+            long,
+            allow_negative_numbers = true,
+            requires = "retention_time_minutes"
+        )]
         retention_size_mb: Option<i64>,
     },
     /// List a namespace's queues with their backlog
@@ -790,7 +852,9 @@ pub struct QuotaArgs {
 #[derive(Debug, Subcommand)]
 pub enum Quotas {
     /// Show the quotas of a tenant (TENANT) or a namespace (TENANT/NS)
-    #[command(after_help = "Examples:\n  cms-admin quotas get acme\n  cms-admin quotas get acme/orders -o json")]
+    #[command(
+        after_help = "Examples:\n  cms-admin quotas get acme\n  cms-admin quotas get acme/orders -o json"
+    )]
     Get {
         /// TENANT or TENANT/NS
         scope: String,
@@ -847,7 +911,9 @@ pub enum Bookies {
         id: String,
     },
     /// Make a bookie read-only (or writable again with --off)
-    #[command(after_help = "Examples:\n  cms-admin bookies set-readonly b1\n  cms-admin bookies set-readonly b1 --off")]
+    #[command(
+        after_help = "Examples:\n  cms-admin bookies set-readonly b1\n  cms-admin bookies set-readonly b1 --off"
+    )]
     SetReadonly {
         /// Bookie id
         id: String,
@@ -896,7 +962,9 @@ pub enum Permissions {
         resource: String,
     },
     /// Grant a role actions on a namespace or a topic
-    #[command(after_help = "Example:\n  cms-admin permissions grant acme/orders --role billing --actions produce,consume")]
+    #[command(
+        after_help = "Example:\n  cms-admin permissions grant acme/orders --role billing --actions produce,consume"
+    )]
     Grant {
         /// TENANT/NS or a topic
         resource: String,
@@ -949,7 +1017,10 @@ mod tests {
         fn walk(c: &clap::Command, path: &str) {
             let name = format!("{path} {}", c.get_name());
             if c.get_subcommands().next().is_none() {
-                let help = c.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+                let help = c
+                    .get_after_help()
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
                 assert!(help.contains("cms-admin"), "{name} has no example");
             }
             for s in c.get_subcommands() {

@@ -321,7 +321,10 @@ mod tests {
     #[test]
     fn reason_comes_from_the_json_body_else_the_text() {
         let s = reqwest::StatusCode::CONFLICT;
-        assert_eq!(reason_of(r#"{"reason":"tenant t exists"}"#, s), "tenant t exists");
+        assert_eq!(
+            reason_of(r#"{"reason":"tenant t exists"}"#, s),
+            "tenant t exists"
+        );
         assert_eq!(reason_of("plain words", s), "plain words");
         assert_eq!(reason_of("", s), "Conflict");
     }

@@ -134,7 +134,10 @@ impl Topic {
 
     /// The full name.
     pub fn full(&self) -> String {
-        format!("{}://{}/{}/{}", self.domain, self.tenant, self.ns, self.name)
+        format!(
+            "{}://{}/{}/{}",
+            self.domain, self.tenant, self.ns, self.name
+        )
     }
 }
 
@@ -229,10 +232,7 @@ fn dispatch_body(d: &DispatchRateArgs) -> Value {
 fn namespaces(ctx: &Ctx, c: Namespaces) -> AdminResult<Shown> {
     let a = &ctx.admin;
     match c {
-        Namespaces::Create {
-            namespace,
-            bundles,
-        } => {
+        Namespaces::Create { namespace, bundles } => {
             let (t, n) = parse_ns(&namespace)?;
             let body = bundles.map(|b| json!({"bundles": {"numBundles": b}}));
             a.put(&ns_path(&t, &n), body.as_ref())?;
@@ -284,7 +284,10 @@ fn namespaces(ctx: &Ctx, c: Namespaces) -> AdminResult<Shown> {
         Namespaces::Bundles { namespace } => {
             let (t, n) = parse_ns(&namespace)?;
             let p = a.get(&ns_path(&t, &n))?;
-            shown(p.get("bundles").cloned().unwrap_or(Value::Null), View::Object)
+            shown(
+                p.get("bundles").cloned().unwrap_or(Value::Null),
+                View::Object,
+            )
         }
         Namespaces::SetRetention {
             namespace,
@@ -479,11 +482,7 @@ fn stats_view() -> View {
 }
 
 fn peek_one(a: &Admin, t: &Topic, sub: &str, n: u32) -> AdminResult<Option<Value>> {
-    let path = format!(
-        "{}/subscription/{}/position/{n}",
-        t.path(),
-        seg(sub)
-    );
+    let path = format!("{}/subscription/{}/position/{n}", t.path(), seg(sub));
     let p = match a.get_raw(&path) {
         Ok(p) => p,
         Err(AdminError::Http { status: 404, .. }) if n > 1 => return Ok(None),
@@ -536,7 +535,10 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
         }
         Topics::CreatePartitioned { topic, partitions } => {
             let t = Topic::parse(&topic)?;
-            a.put(&format!("{}/partitions", t.path()), Some(&json!(partitions)))?;
+            a.put(
+                &format!("{}/partitions", t.path()),
+                Some(&json!(partitions)),
+            )?;
             done(format!(
                 "partitioned topic {} created with {partitions} partitions",
                 t.full()
@@ -544,8 +546,14 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
         }
         Topics::UpdatePartitions { topic, partitions } => {
             let t = Topic::parse(&topic)?;
-            a.post(&format!("{}/partitions", t.path()), Some(&json!(partitions)))?;
-            done(format!("topic {} now has {partitions} partitions", t.full()))
+            a.post(
+                &format!("{}/partitions", t.path()),
+                Some(&json!(partitions)),
+            )?;
+            done(format!(
+                "topic {} now has {partitions} partitions",
+                t.full()
+            ))
         }
         Topics::Partitions { topic } => {
             let t = Topic::parse(&topic)?;
@@ -597,7 +605,11 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
                 0
             };
             let v = if parts > 0 {
-                let q = if per_partition { "?perPartition=true" } else { "" };
+                let q = if per_partition {
+                    "?perPartition=true"
+                } else {
+                    ""
+                };
                 a.get(&format!("{}/partitioned-stats{q}", t.path()))?
             } else {
                 a.get(&format!("{}/stats", t.path()))?
@@ -685,7 +697,10 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
                 &format!("{}/subscription/{}", t.path(), seg(&subscription)),
                 Some(&position_body(position)),
             )?;
-            done(format!("subscription {subscription} on {} created", t.full()))
+            done(format!(
+                "subscription {subscription} on {} created",
+                t.full()
+            ))
         }
         Topics::DeleteSubscription {
             topic,
@@ -696,12 +711,11 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
                 "delete subscription {subscription} of {}",
                 t.full()
             ))?;
-            a.delete(&format!(
-                "{}/subscription/{}",
-                t.path(),
-                seg(&subscription)
-            ))?;
-            done(format!("subscription {subscription} of {} deleted", t.full()))
+            a.delete(&format!("{}/subscription/{}", t.path(), seg(&subscription)))?;
+            done(format!(
+                "subscription {subscription} of {} deleted",
+                t.full()
+            ))
         }
         Topics::ResetCursor {
             topic,
@@ -719,9 +733,7 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
                 (_, Some(ts)) => a.post(&format!("{base}/{ts}"), None)?,
                 (Some(p), None) => a.post(&base, Some(&position_body(p)))?,
                 (None, None) => {
-                    return Err(AdminError::Usage(
-                        "give --position or --time".to_string(),
-                    ));
+                    return Err(AdminError::Usage("give --position or --time".to_string()));
                 }
             };
             done(format!("cursor of {subscription} on {} reset", t.full()))
@@ -881,7 +893,10 @@ fn queues(ctx: &Ctx, c: Queues) -> AdminResult<Shown> {
 fn quota_scope(scope: &str) -> AdminResult<(String, String)> {
     if scope.contains('/') {
         let (t, n) = parse_ns(scope)?;
-        Ok((format!("{}/quotas", ns_path(&t, &n)), format!("namespace {t}/{n}")))
+        Ok((
+            format!("{}/quotas", ns_path(&t, &n)),
+            format!("namespace {t}/{n}"),
+        ))
     } else if scope.is_empty() {
         Err(AdminError::Usage("give TENANT or TENANT/NS".to_string()))
     } else {
@@ -987,7 +1002,10 @@ fn bookies(ctx: &Ctx, c: Bookies) -> AdminResult<Shown> {
         Bookies::Get { id } => shown(a.get(&p(&id))?, View::Object),
         Bookies::SetReadonly { id, off } => {
             let v = with_spinner(&format!("waiting for {id} to switch"), || {
-                a.put(&format!("{}/readonly", p(&id)), Some(&json!({"readonly": !off})))
+                a.put(
+                    &format!("{}/readonly", p(&id)),
+                    Some(&json!({"readonly": !off})),
+                )
             })?;
             shown(v, View::Object)
         }
@@ -1004,7 +1022,10 @@ fn bookies(ctx: &Ctx, c: Bookies) -> AdminResult<Shown> {
         }
         Bookies::UnderReplicated => shown(
             a.get("/admin/v2/ledgers/underreplicated")?,
-            View::Rows(vec![("LEDGER", "ledgerId"), ("LOST-BOOKIES", "lostBookies")]),
+            View::Rows(vec![
+                ("LEDGER", "ledgerId"),
+                ("LOST-BOOKIES", "lostBookies"),
+            ]),
         ),
     }
 }
@@ -1064,7 +1085,10 @@ fn decommission(
 fn perm_path(resource: &str) -> AdminResult<(String, String)> {
     if resource.contains("://") || resource.matches('/').count() == 2 {
         let t = Topic::parse(resource)?;
-        Ok((format!("{}/permissions", t.path()), format!("topic {}", t.full())))
+        Ok((
+            format!("{}/permissions", t.path()),
+            format!("topic {}", t.full()),
+        ))
     } else {
         let (t, n) = parse_ns(resource)?;
         Ok((
@@ -1151,9 +1175,7 @@ fn ledgers(ctx: &Ctx, c: Ledgers) -> AdminResult<Shown> {
                 ]),
             )
         }
-        Ledgers::Info { .. } => Err(AdminError::Usage(
-            "give a ledger id or --topic".to_string(),
-        )),
+        Ledgers::Info { .. } => Err(AdminError::Usage("give a ledger id or --topic".to_string())),
     }
 }
 

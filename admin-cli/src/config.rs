@@ -114,11 +114,17 @@ tls-ca-file = "/ca.pem"
             "test",
         )
         .unwrap();
-        assert_eq!(pick(&f, None, "t").unwrap().url.as_deref(), Some("http://a:8080"));
+        assert_eq!(
+            pick(&f, None, "t").unwrap().url.as_deref(),
+            Some("http://a:8080")
+        );
         let b = pick(&f, Some("b"), "t").unwrap();
         assert_eq!(b.token_file.as_deref(), Some("/t"));
         assert_eq!(b.tls_ca_file.as_deref(), Some("/ca.pem"));
-        assert!(matches!(pick(&f, Some("c"), "t"), Err(AdminError::Usage(_))));
+        assert!(matches!(
+            pick(&f, Some("c"), "t"),
+            Err(AdminError::Usage(_))
+        ));
     }
 
     #[test]
@@ -128,7 +134,12 @@ tls-ca-file = "/ca.pem"
 
     #[test]
     fn a_missing_default_file_is_no_profile() {
-        let p = load(Some(PathBuf::from("/nonexistent/cms/admin.toml")), false, None).unwrap();
+        let p = load(
+            Some(PathBuf::from("/nonexistent/cms/admin.toml")),
+            false,
+            None,
+        )
+        .unwrap();
         assert_eq!(p, Profile::default());
         assert!(load(Some(PathBuf::from("/nonexistent/x.toml")), true, None).is_err());
     }

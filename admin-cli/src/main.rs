@@ -95,7 +95,11 @@ fn settings(g: &Global) -> AdminResult<Settings> {
         url,
         token,
         tls_ca_file: g.tls_ca_file.clone().or(profile.tls_ca_file),
-        timeout: Duration::from_secs(g.timeout.or(profile.timeout).unwrap_or(DEFAULT_TIMEOUT_SECS)),
+        timeout: Duration::from_secs(
+            g.timeout
+                .or(profile.timeout)
+                .unwrap_or(DEFAULT_TIMEOUT_SECS),
+        ),
     })
 }
 

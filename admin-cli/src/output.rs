@@ -91,7 +91,8 @@ fn new_table(header: Vec<String>) -> Table {
 
 /// Looks `key` up, a dotted path for nested members (`a.b`).
 fn member<'a>(v: &'a Value, key: &str) -> &'a Value {
-    key.split('.').fold(v, |v, k| v.get(k).unwrap_or(&Value::Null))
+    key.split('.')
+        .fold(v, |v, k| v.get(k).unwrap_or(&Value::Null))
 }
 
 fn finish(t: Table) -> String {
@@ -115,7 +116,11 @@ fn table(v: &Value, view: &View) -> String {
         View::Rows(cols) => {
             let mut t = new_table(cols.iter().map(|(h, _)| h.to_string()).collect());
             for x in v.as_array().into_iter().flatten() {
-                t.add_row(cols.iter().map(|(_, k)| cell(member(x, k))).collect::<Vec<_>>());
+                t.add_row(
+                    cols.iter()
+                        .map(|(_, k)| cell(member(x, k)))
+                        .collect::<Vec<_>>(),
+                );
             }
             finish(t)
         }
@@ -189,19 +194,37 @@ mod tests {
     #[test]
     fn rows_pick_columns_and_show_null_as_dash() {
         let v = json!([{"id": "b1", "rack": null, "state": "available", "x": 1}]);
-        let s = Shown::Value(v, View::Rows(vec![("ID", "id"), ("RACK", "rack"), ("STATE", "state")]));
+        let s = Shown::Value(
+            v,
+            View::Rows(vec![("ID", "id"), ("RACK", "rack"), ("STATE", "state")]),
+        );
         let out = render(&s, Format::Table);
-        let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
-        assert_eq!(rows, vec![vec!["ID", "RACK", "STATE"], vec!["b1", "-", "available"]]);
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            vec![vec!["ID", "RACK", "STATE"], vec!["b1", "-", "available"]]
+        );
     }
 
     #[test]
     fn maps_and_nested_members() {
         let v = json!({"s1": {"type": "Shared", "c": {"n": 2}}});
-        let s = Shown::Value(v, View::Map("SUBSCRIPTION", vec![("TYPE", "type"), ("N", "c.n")]));
+        let s = Shown::Value(
+            v,
+            View::Map("SUBSCRIPTION", vec![("TYPE", "type"), ("N", "c.n")]),
+        );
         let out = render(&s, Format::Table);
-        let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
-        assert_eq!(rows, vec![vec!["SUBSCRIPTION", "TYPE", "N"], vec!["s1", "Shared", "2"]]);
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            vec![vec!["SUBSCRIPTION", "TYPE", "N"], vec!["s1", "Shared", "2"]]
+        );
     }
 
     #[test]

@@ -137,14 +137,18 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
         first_column(&admin(u, &["clusters", "list"]).await),
         vec![cluster.clone()]
     );
-    let c = admin(u, &["clusters", "get", &cluster, "-o", "json"]).await.json();
+    let c = admin(u, &["clusters", "get", &cluster, "-o", "json"])
+        .await
+        .json();
     assert!(c["brokerServiceUrl"].is_string(), "{c}");
     let brokers = admin(u, &["brokers", "list", "-o", "json"]).await.json();
     assert_eq!(brokers.as_array().map(Vec::len), Some(1), "{brokers}");
     admin(u, &["brokers", "health"]).await.ok();
 
     // Tenants: create, list (table and JSON), get, update, conflict, delete.
-    admin(u, &["tenants", "create", "acme", "--admin-roles", "alice"]).await.ok();
+    admin(u, &["tenants", "create", "acme", "--admin-roles", "alice"])
+        .await
+        .ok();
     let list = admin(u, &["tenants", "list"]).await;
     assert_eq!(list.rows()[0], vec!["TENANT"], "{}", list.describe());
     assert!(first_column(&list).contains(&"acme".to_string()));
@@ -152,25 +156,77 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
     assert!(list.as_array().unwrap().contains(&json!("acme")), "{list}");
     let yaml = admin(u, &["tenants", "get", "acme", "-o", "yaml"]).await;
     assert!(yaml.ok().contains("adminRoles:"), "{}", yaml.describe());
-    admin(u, &["tenants", "update", "acme", "--admin-roles", "alice,bob"]).await.ok();
-    let t = admin(u, &["tenants", "get", "acme", "-o", "json"]).await.json();
+    admin(
+        u,
+        &["tenants", "update", "acme", "--admin-roles", "alice,bob"],
+    )
+    .await
+    .ok();
+    let t = admin(u, &["tenants", "get", "acme", "-o", "json"])
+        .await
+        .json();
     assert_eq!(t["adminRoles"], json!(["alice", "bob"]), "{t}");
-    admin(u, &["tenants", "create", "acme"]).await.fails(EXIT_CONFLICT, "exists");
-    admin(u, &["tenants", "get", "nope"]).await.fails(EXIT_NOT_FOUND, "nope");
+    admin(u, &["tenants", "create", "acme"])
+        .await
+        .fails(EXIT_CONFLICT, "exists");
+    admin(u, &["tenants", "get", "nope"])
+        .await
+        .fails(EXIT_NOT_FOUND, "nope");
 
     // Namespaces and one setter per policy family.
-    admin(u, &["namespaces", "create", "acme/orders", "--bundles", "4"]).await.ok();
+    admin(
+        u,
+        &["namespaces", "create", "acme/orders", "--bundles", "4"],
+    )
+    .await
+    .ok();
     assert_eq!(
         first_column(&admin(u, &["namespaces", "list", "acme"]).await),
         vec!["acme/orders"]
     );
-    let b = admin(u, &["namespaces", "bundles", "acme/orders", "-o", "json"]).await.json();
+    let b = admin(u, &["namespaces", "bundles", "acme/orders", "-o", "json"])
+        .await
+        .json();
     assert_eq!(b["numBundles"], 4, "{b}");
+    // Ownership: standalone owns every bundle.
+    let own = admin(u, &["brokers", "ownership", "acme/orders", "-o", "json"])
+        .await
+        .json();
+    let own = own.as_array().expect("bundles").clone();
+    assert_eq!(own.len(), 4, "{own:?}");
+    assert!(
+        own.iter().all(|b| b["owner"] == brokers[0]["id"]),
+        "{own:?} vs {brokers}"
+    );
+    let own = admin(u, &["brokers", "ownership", "acme/orders"]).await;
+    assert_eq!(
+        own.rows()[0],
+        vec!["BUNDLE", "OWNER", "WEB-SERVICE-URL"],
+        "{}",
+        own.describe()
+    );
+    admin(u, &["brokers", "ownership", "acme/none"])
+        .await
+        .fails(EXIT_NOT_FOUND, "acme/none");
     let ns = "acme/orders";
     for args in [
-        vec!["set-retention", ns, "--time-minutes", "60", "--size-mb", "-1"],
+        vec![
+            "set-retention",
+            ns,
+            "--time-minutes",
+            "60",
+            "--size-mb",
+            "-1",
+        ],
         vec!["set-message-ttl", ns, "3600"],
-        vec!["set-backlog-quota", ns, "--limit-bytes", "1048576", "--policy", "producer-request-hold"],
+        vec![
+            "set-backlog-quota",
+            ns,
+            "--limit-bytes",
+            "1048576",
+            "--policy",
+            "producer-request-hold",
+        ],
         vec!["set-publish-rate", ns, "--msgs", "100"],
         vec!["set-dispatch-rate", ns, "--msgs", "50"],
         vec!["set-subscription-dispatch-rate", ns, "--bytes", "1024"],
@@ -190,53 +246,140 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
         full.extend(args.iter().copied());
         admin(u, &full).await.ok();
     }
-    let p = admin(u, &["namespaces", "policies", ns, "-o", "json"]).await.json();
+    let p = admin(u, &["namespaces", "policies", ns, "-o", "json"])
+        .await
+        .json();
     assert_eq!(p["retention_policies"]["retentionTimeInMinutes"], 60, "{p}");
     assert_eq!(p["message_ttl_in_seconds"], 3600, "{p}");
     assert_eq!(p["max_producers_per_topic"], 7, "{p}");
     assert_eq!(p["deduplicationEnabled"], true, "{p}");
     assert_eq!(p["persistence"]["bookkeeperEnsemble"], 1, "{p}");
     assert_eq!(
-        p["backlog_quota_map"]["destination_storage"]["limitSize"],
-        1048576,
+        p["backlog_quota_map"]["destination_storage"]["limitSize"], 1048576,
         "{p}"
     );
-    let ttl = admin(u, &["namespaces", "get-policy", ns, "message-ttl", "-o", "json"]).await;
+    let ttl = admin(
+        u,
+        &["namespaces", "get-policy", ns, "message-ttl", "-o", "json"],
+    )
+    .await;
     assert_eq!(ttl.json(), json!(3600));
-    admin(u, &["namespaces", "clear-policy", ns, "message-ttl"]).await.ok();
-    let ttl = admin(u, &["namespaces", "get-policy", ns, "message-ttl", "-o", "json"]).await;
+    admin(u, &["namespaces", "clear-policy", ns, "message-ttl"])
+        .await
+        .ok();
+    let ttl = admin(
+        u,
+        &["namespaces", "get-policy", ns, "message-ttl", "-o", "json"],
+    )
+    .await;
     assert_eq!(ttl.json(), Value::Null);
-    admin(u, &["namespaces", "set-auto-topic-creation", ns, "--enable"]).await.ok();
+    admin(
+        u,
+        &["namespaces", "set-auto-topic-creation", ns, "--enable"],
+    )
+    .await
+    .ok();
     // Server-side validation: E < Qw is refused locally as usage, a bad
     // strategy by the server (400 → exit 1 with its reason).
-    admin(u, &["namespaces", "set-persistence", ns, "-e", "1", "-w", "2", "-a", "1"])
-        .await
-        .fails(EXIT_USAGE, "E >= Qw");
-    admin(u, &["namespaces", "set-schema-compatibility-strategy", ns, "SOMETIMES"])
-        .await
-        .fails(EXIT_REFUSED, "SOMETIMES");
+    admin(
+        u,
+        &[
+            "namespaces",
+            "set-persistence",
+            ns,
+            "-e",
+            "1",
+            "-w",
+            "2",
+            "-a",
+            "1",
+        ],
+    )
+    .await
+    .fails(EXIT_USAGE, "E >= Qw");
+    admin(
+        u,
+        &[
+            "namespaces",
+            "set-schema-compatibility-strategy",
+            ns,
+            "SOMETIMES",
+        ],
+    )
+    .await
+    .fails(EXIT_REFUSED, "SOMETIMES");
     admin(u, &["tenants", "delete", "acme", "--yes"])
         .await
-        .fails(EXIT_CONFLICT, "namespaces");
+        .fails(EXIT_CONFLICT, "still has");
 
     // Topics.
     let topic = "persistent://acme/orders/events";
     admin(u, &["topics", "create", topic]).await.ok();
-    admin(u, &["topics", "create", "acme/orders/events"]).await.fails(EXIT_CONFLICT, "exists");
-    admin(u, &["topics", "create-partitioned", "acme/orders/parts", "-p", "2"]).await.ok();
-    admin(u, &["topics", "update-partitions", "acme/orders/parts", "-p", "3"]).await.ok();
-    let parts = admin(u, &["topics", "partitions", "acme/orders/parts", "-o", "json"]).await;
-    assert_eq!(parts.json()["partitions"], 3);
-    admin(u, &["topics", "update-partitions", "acme/orders/parts", "-p", "1"])
+    admin(u, &["topics", "create", "acme/orders/events"])
         .await
-        .fails(EXIT_REFUSED, "");
+        .fails(EXIT_CONFLICT, "exists");
+    admin(
+        u,
+        &[
+            "topics",
+            "create-partitioned",
+            "acme/orders/parts",
+            "-p",
+            "2",
+        ],
+    )
+    .await
+    .ok();
+    admin(
+        u,
+        &[
+            "topics",
+            "update-partitions",
+            "acme/orders/parts",
+            "-p",
+            "3",
+        ],
+    )
+    .await
+    .ok();
+    let parts = admin(
+        u,
+        &["topics", "partitions", "acme/orders/parts", "-o", "json"],
+    )
+    .await;
+    assert_eq!(parts.json()["partitions"], 3);
+    admin(
+        u,
+        &[
+            "topics",
+            "update-partitions",
+            "acme/orders/parts",
+            "-p",
+            "1",
+        ],
+    )
+    .await
+    .fails(EXIT_REFUSED, "");
     let listed = first_column(&admin(u, &["topics", "list", ns]).await);
     assert!(listed.contains(&topic.to_string()), "{listed:?}");
-    let listed = admin(u, &["topics", "list", ns, "--partitioned", "-o", "json"]).await.json();
-    assert_eq!(listed, json!(["persistent://acme/orders/parts"]));
-    admin(u, &["topics", "create-subscription", topic, "-s", "audit", "--position", "earliest"])
+    let listed = admin(u, &["topics", "list", ns, "--partitioned", "-o", "json"])
         .await
-        .ok();
+        .json();
+    assert_eq!(listed, json!(["persistent://acme/orders/parts"]));
+    admin(
+        u,
+        &[
+            "topics",
+            "create-subscription",
+            topic,
+            "-s",
+            "audit",
+            "--position",
+            "earliest",
+        ],
+    )
+    .await
+    .ok();
     assert_eq!(
         first_column(&admin(u, &["topics", "subscriptions", topic]).await),
         vec!["audit"]
@@ -244,13 +387,22 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
 
     let run = run_python(
         "produce.py",
-        &["--url", &broker.service_url(), "--topic", topic, "--count", "3"],
+        &[
+            "--url",
+            &broker.service_url(),
+            "--topic",
+            topic,
+            "--count",
+            "3",
+        ],
         PYTHON_TIMEOUT_MS,
     )
     .await;
     assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
 
-    let stats = admin(u, &["topics", "stats", topic, "-o", "json"]).await.json();
+    let stats = admin(u, &["topics", "stats", topic, "-o", "json"])
+        .await
+        .json();
     assert_eq!(stats["subscriptions"]["audit"]["msgBacklog"], 3, "{stats}");
     let table = admin(u, &["topics", "stats", topic]).await;
     let audit_row = table
@@ -259,10 +411,19 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
         .find(|r| r.first().map(String::as_str) == Some("audit"))
         .unwrap_or_else(|| panic!("no audit row: {}", table.describe()));
     assert_eq!(audit_row[2], "3", "{}", table.describe());
-    let pstats = admin(u, &["topics", "stats", "acme/orders/parts", "-o", "json"]).await.json();
+    let pstats = admin(u, &["topics", "stats", "acme/orders/parts", "-o", "json"])
+        .await
+        .json();
     assert_eq!(pstats["metadata"]["partitions"], 3, "{pstats}");
 
-    let peek = admin(u, &["topics", "peek", topic, "-s", "audit", "-n", "5", "-o", "json"]).await.json();
+    let peek = admin(
+        u,
+        &[
+            "topics", "peek", topic, "-s", "audit", "-n", "5", "-o", "json",
+        ],
+    )
+    .await
+    .json();
     let payloads: Vec<&str> = peek
         .as_array()
         .unwrap()
@@ -271,81 +432,238 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
         .collect();
     assert_eq!(payloads, vec!["msg-0", "msg-1", "msg-2"], "{peek}");
     let peek_table = admin(u, &["topics", "peek", topic, "-s", "audit"]).await;
-    assert!(peek_table.ok().contains("msg-0"), "{}", peek_table.describe());
+    assert!(
+        peek_table.ok().contains("msg-0"),
+        "{}",
+        peek_table.describe()
+    );
 
-    let internal = admin(u, &["topics", "internal-stats", topic, "-o", "json"]).await.json();
-    let ledger = internal["ledgers"][0]["ledgerId"].as_u64().expect("a ledger");
-    let info = admin(u, &["ledgers", "info", &ledger.to_string(), "-o", "json"]).await.json();
+    let internal = admin(u, &["topics", "internal-stats", topic, "-o", "json"])
+        .await
+        .json();
+    let ledger = internal["ledgers"][0]["ledgerId"]
+        .as_u64()
+        .expect("a ledger");
+    let info = admin(u, &["ledgers", "info", &ledger.to_string(), "-o", "json"])
+        .await
+        .json();
     assert_eq!(info["ledgerId"], ledger, "{info}");
-    let by_topic = admin(u, &["ledgers", "info", "--topic", topic, "-o", "json"]).await.json();
+    let by_topic = admin(u, &["ledgers", "info", "--topic", topic, "-o", "json"])
+        .await
+        .json();
     assert!(!by_topic.as_array().unwrap().is_empty(), "{by_topic}");
-    admin(u, &["ledgers", "info", "999999999"]).await.fails(EXIT_NOT_FOUND, "999999999");
-    let last = admin(u, &["topics", "last-message-id", topic, "-o", "json"]).await.json();
+    admin(u, &["ledgers", "info", "999999999"])
+        .await
+        .fails(EXIT_NOT_FOUND, "999999999");
+    let last = admin(u, &["topics", "last-message-id", topic, "-o", "json"])
+        .await
+        .json();
     assert_eq!(last["ledgerId"], ledger, "{last}");
 
     let backlog = |s: Value| s["subscriptions"]["audit"]["msgBacklog"].clone();
-    admin(u, &["topics", "skip", topic, "-s", "audit", "-n", "1"]).await.ok();
-    assert_eq!(backlog(admin(u, &["topics", "stats", topic, "-o", "json"]).await.json()), 2);
-    admin(u, &["topics", "reset-cursor", topic, "-s", "audit", "--position", "earliest"]).await.ok();
-    assert_eq!(backlog(admin(u, &["topics", "stats", topic, "-o", "json"]).await.json()), 3);
-    admin(u, &["topics", "expire", topic, "-s", "audit", "-t", "86400"]).await.ok();
-    assert_eq!(backlog(admin(u, &["topics", "stats", topic, "-o", "json"]).await.json()), 3);
-    admin(u, &["topics", "expire", topic, "--all-subscriptions", "-t", "0"]).await.ok();
-    assert_eq!(backlog(admin(u, &["topics", "stats", topic, "-o", "json"]).await.json()), 0);
-    admin(u, &["topics", "reset-cursor", topic, "-s", "audit", "--time", "0"]).await.ok();
-    assert_eq!(backlog(admin(u, &["topics", "stats", topic, "-o", "json"]).await.json()), 3);
+    admin(u, &["topics", "skip", topic, "-s", "audit", "-n", "1"])
+        .await
+        .ok();
+    assert_eq!(
+        backlog(
+            admin(u, &["topics", "stats", topic, "-o", "json"])
+                .await
+                .json()
+        ),
+        2
+    );
+    admin(
+        u,
+        &[
+            "topics",
+            "reset-cursor",
+            topic,
+            "-s",
+            "audit",
+            "--position",
+            "earliest",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        backlog(
+            admin(u, &["topics", "stats", topic, "-o", "json"])
+                .await
+                .json()
+        ),
+        3
+    );
+    admin(
+        u,
+        &["topics", "expire", topic, "-s", "audit", "-t", "86400"],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        backlog(
+            admin(u, &["topics", "stats", topic, "-o", "json"])
+                .await
+                .json()
+        ),
+        3
+    );
+    // Messages older than 1 s: true once a second has passed since producing.
+    eventually("every message expired", 20_000, || async {
+        admin(
+            u,
+            &["topics", "expire", topic, "--all-subscriptions", "-t", "1"],
+        )
+        .await
+        .ok();
+        backlog(
+            admin(u, &["topics", "stats", topic, "-o", "json"])
+                .await
+                .json(),
+        ) == 0
+    })
+    .await;
+    admin(
+        u,
+        &[
+            "topics",
+            "reset-cursor",
+            topic,
+            "-s",
+            "audit",
+            "--time",
+            "0",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        backlog(
+            admin(u, &["topics", "stats", topic, "-o", "json"])
+                .await
+                .json()
+        ),
+        3
+    );
     // Destructive without --yes and without a terminal: refused, nothing done.
     admin(u, &["topics", "skip", topic, "-s", "audit", "--all"])
         .await
         .fails(EXIT_USAGE, "--yes");
-    admin(u, &["topics", "skip", topic, "-s", "audit", "--all", "--yes"]).await.ok();
-    assert_eq!(backlog(admin(u, &["topics", "stats", topic, "-o", "json"]).await.json()), 0);
-    admin(u, &["topics", "peek", topic, "-s", "audit"]).await.fails(EXIT_NOT_FOUND, "");
+    admin(
+        u,
+        &["topics", "skip", topic, "-s", "audit", "--all", "--yes"],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        backlog(
+            admin(u, &["topics", "stats", topic, "-o", "json"])
+                .await
+                .json()
+        ),
+        0
+    );
+    admin(u, &["topics", "peek", topic, "-s", "audit"])
+        .await
+        .fails(EXIT_NOT_FOUND, "");
     admin(u, &["topics", "unload", topic]).await.ok();
-    admin(u, &["topics", "delete-subscription", topic, "-s", "audit", "--yes"]).await.ok();
-    admin(u, &["topics", "delete", topic]).await.fails(EXIT_USAGE, "--yes");
+    admin(
+        u,
+        &[
+            "topics",
+            "delete-subscription",
+            topic,
+            "-s",
+            "audit",
+            "--yes",
+        ],
+    )
+    .await
+    .ok();
+    admin(u, &["topics", "delete", topic])
+        .await
+        .fails(EXIT_USAGE, "--yes");
     admin(u, &["topics", "delete", topic, "--yes"]).await.ok();
-    admin(u, &["topics", "delete", "acme/orders/parts", "--yes"]).await.ok();
-    admin(u, &["topics", "stats", topic]).await.fails(EXIT_NOT_FOUND, "");
+    admin(u, &["topics", "delete", "acme/orders/parts", "--yes"])
+        .await
+        .ok();
+    admin(u, &["topics", "stats", topic])
+        .await
+        .fails(EXIT_NOT_FOUND, "");
 
     // Queues.
     let q = "acme/orders/jobs";
-    admin(u, &["queues", "create", q, "--max-redeliveries", "3"]).await.ok();
-    admin(u, &["queues", "create", q]).await.fails(EXIT_CONFLICT, "");
+    admin(u, &["queues", "create", q, "--max-redeliveries", "3"])
+        .await
+        .ok();
+    admin(u, &["queues", "create", q])
+        .await
+        .fails(EXIT_CONFLICT, "");
     let got = admin(u, &["queues", "get", q, "-o", "json"]).await.json();
     assert_eq!(got["maxRedeliveries"], 3, "{got}");
     let qt = got["topic"].as_str().expect("queue topic").to_string();
     let run = run_python(
         "produce.py",
-        &["--url", &broker.service_url(), "--topic", &qt, "--count", "2"],
+        &[
+            "--url",
+            &broker.service_url(),
+            "--topic",
+            &qt,
+            "--count",
+            "2",
+        ],
         PYTHON_TIMEOUT_MS,
     )
     .await;
     assert!(run.ok, "produce failed: {} / {}", run.json, run.stderr);
     let ql = admin(u, &["queues", "list", ns]).await;
-    assert_eq!(ql.rows()[0], vec!["QUEUE", "TOPIC", "BACKLOG"], "{}", ql.describe());
+    assert_eq!(
+        ql.rows()[0],
+        vec!["QUEUE", "TOPIC", "BACKLOG"],
+        "{}",
+        ql.describe()
+    );
     assert_eq!(ql.rows()[1][2], "2", "{}", ql.describe());
     let qs = admin(u, &["queues", "stats", q, "-o", "json"]).await.json();
     assert_eq!(qs["msgBacklog"], 2, "{qs}");
     admin(u, &["queues", "stats", q]).await.ok();
-    admin(u, &["queues", "purge", q]).await.fails(EXIT_USAGE, "--yes");
+    admin(u, &["queues", "purge", q])
+        .await
+        .fails(EXIT_USAGE, "--yes");
     admin(u, &["queues", "purge", q, "--yes"]).await.ok();
-    assert_eq!(admin(u, &["queues", "stats", q, "-o", "json"]).await.json()["msgBacklog"], 0);
+    assert_eq!(
+        admin(u, &["queues", "stats", q, "-o", "json"]).await.json()["msgBacklog"],
+        0
+    );
     admin(u, &["queues", "delete", q, "--yes"]).await.ok();
-    admin(u, &["queues", "get", q]).await.fails(EXIT_NOT_FOUND, "");
+    admin(u, &["queues", "get", q])
+        .await
+        .fails(EXIT_NOT_FOUND, "");
 
     // Writes print a line in table mode and nothing in JSON mode.
     let w = admin(u, &["namespaces", "create", "acme/tmp"]).await;
     assert!(w.ok().contains("created"), "{}", w.describe());
-    let w = admin(u, &["namespaces", "delete", "acme/tmp", "--yes", "-o", "json"]).await;
+    let w = admin(
+        u,
+        &["namespaces", "delete", "acme/tmp", "--yes", "-o", "json"],
+    )
+    .await;
     assert_eq!(w.ok(), "", "{}", w.describe());
 
     // Namespace delete: 409 while a topic exists, --force deletes it.
-    admin(u, &["topics", "create", "acme/orders/left"]).await.ok();
-    admin(u, &["namespaces", "delete", ns, "--yes"]).await.fails(EXIT_CONFLICT, "");
-    admin(u, &["namespaces", "delete", ns, "--force", "--yes"]).await.ok();
+    admin(u, &["topics", "create", "acme/orders/left"])
+        .await
+        .ok();
+    admin(u, &["namespaces", "delete", ns, "--yes"])
+        .await
+        .fails(EXIT_CONFLICT, "");
+    admin(u, &["namespaces", "delete", ns, "--force", "--yes"])
+        .await
+        .ok();
     admin(u, &["tenants", "delete", "acme", "--yes"]).await.ok();
-    admin(u, &["tenants", "get", "acme"]).await.fails(EXIT_NOT_FOUND, "");
+    admin(u, &["tenants", "get", "acme"])
+        .await
+        .fails(EXIT_NOT_FOUND, "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,16 +672,41 @@ async fn bad_arguments_exit_2_with_a_clear_message() {
     let u = format!("http://{}", loopback(free_port()));
     let u = u.as_str();
     admin(u, &["tenants"]).await.fails(EXIT_USAGE, "Usage");
-    admin(u, &["frobnicate"]).await.fails(EXIT_USAGE, "unrecognized subcommand");
-    admin(u, &["namespaces", "create", "no-slash"]).await.fails(EXIT_USAGE, "TENANT/NS");
-    admin(u, &["topics", "create", "a/b"]).await.fails(EXIT_USAGE, "TENANT/NS/TOPIC");
-    admin(u, &["topics", "create", "http://a/b/c"]).await.fails(EXIT_USAGE, "persistent://");
-    admin(u, &["topics", "create-partitioned", "a/b/c", "-p", "0"]).await.fails(EXIT_USAGE, "0");
-    admin(u, &["topics", "reset-cursor", "a/b/c", "-s", "x", "--position", "12"])
+    admin(u, &["frobnicate"])
         .await
-        .fails(EXIT_USAGE, "LEDGER:ENTRY");
-    admin(u, &["namespaces", "set-message-ttl", "a/b", "soon"]).await.fails(EXIT_USAGE, "soon");
-    admin(u, &["tenants", "list", "-o", "xml"]).await.fails(EXIT_USAGE, "xml");
+        .fails(EXIT_USAGE, "unrecognized subcommand");
+    admin(u, &["namespaces", "create", "no-slash"])
+        .await
+        .fails(EXIT_USAGE, "TENANT/NS");
+    admin(u, &["topics", "create", "a/b"])
+        .await
+        .fails(EXIT_USAGE, "TENANT/NS/TOPIC");
+    admin(u, &["topics", "create", "http://a/b/c"])
+        .await
+        .fails(EXIT_USAGE, "persistent://");
+    admin(u, &["topics", "create-partitioned", "a/b/c", "-p", "0"])
+        .await
+        .fails(EXIT_USAGE, "0");
+    admin(
+        u,
+        &[
+            "topics",
+            "reset-cursor",
+            "a/b/c",
+            "-s",
+            "x",
+            "--position",
+            "12",
+        ],
+    )
+    .await
+    .fails(EXIT_USAGE, "LEDGER:ENTRY");
+    admin(u, &["namespaces", "set-message-ttl", "a/b", "soon"])
+        .await
+        .fails(EXIT_USAGE, "soon");
+    admin(u, &["tenants", "list", "-o", "xml"])
+        .await
+        .fails(EXIT_USAGE, "xml");
     cms_admin_env(&["--url", "localhost:1", "tenants", "list"], &[])
         .await
         .fails(EXIT_USAGE, "http://");
@@ -381,8 +724,14 @@ async fn unreachable_and_silent_servers_exit_6_within_the_timeout() {
     // Nothing listens.
     let closed = format!("http://{}", loopback(free_port()));
     let start = Instant::now();
-    admin(&closed, &["tenants", "list"]).await.fails(EXIT_UNREACHABLE, "cannot reach");
-    assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+    admin(&closed, &["tenants", "list"])
+        .await
+        .fails(EXIT_UNREACHABLE, "cannot reach");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
 
     // Accepts, reads, never answers.
     let listener = TcpListener::bind(loopback(free_port())).expect("bind");
@@ -395,11 +744,17 @@ async fn unreachable_and_silent_servers_exit_6_within_the_timeout() {
         }
     });
     let start = Instant::now();
-    admin(&format!("http://{addr}"), &["--timeout", "1", "tenants", "list"])
-        .await
-        .fails(EXIT_UNREACHABLE, "timed out");
+    admin(
+        &format!("http://{addr}"),
+        &["--timeout", "1", "tenants", "list"],
+    )
+    .await
+    .fails(EXIT_UNREACHABLE, "timed out");
     let took = start.elapsed();
-    assert!(took < Duration::from_secs(4), "took {took:?} with --timeout 1");
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?} with --timeout 1"
+    );
     hold.join().expect("holder");
 }
 
@@ -410,7 +765,8 @@ fn one_shot(body: &'static str) -> (String, std::thread::JoinHandle<String>) {
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let h = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().expect("accept");
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
         let mut req = Vec::new();
         let mut buf = [0u8; 4096];
         while !req.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -439,14 +795,22 @@ async fn profiles_and_bearer_tokens() {
     let (url, h) = one_shot(r#"["acme"]"#);
     let run = admin(
         &url,
-        &["--token-file", token_file.to_str().unwrap(), "tenants", "list", "-o", "json"],
+        &[
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "tenants",
+            "list",
+            "-o",
+            "json",
+        ],
     )
     .await;
     assert_eq!(run.json(), json!(["acme"]));
     let req = h.join().expect("server");
     assert!(req.starts_with("GET /admin/v2/tenants "), "{req}");
     assert!(
-        req.to_ascii_lowercase().contains("authorization: bearer s3cret-token\r\n"),
+        req.to_ascii_lowercase()
+            .contains("authorization: bearer s3cret-token\r\n"),
         "{req}"
     );
 
@@ -466,18 +830,32 @@ async fn profiles_and_bearer_tokens() {
     .await;
     assert_eq!(run.json(), json!(["c1"]));
     let req = h.join().expect("server");
-    assert!(req.to_ascii_lowercase().contains("authorization: bearer from-profile"), "{req}");
+    assert!(
+        req.to_ascii_lowercase()
+            .contains("authorization: bearer from-profile"),
+        "{req}"
+    );
     // An unknown profile is a usage error naming the known ones.
-    cms_admin_env(&["--profile", "nope", "tenants", "list"], &[("CMS_ADMIN_CONFIG", cfg)])
-        .await
-        .fails(EXIT_USAGE, "test");
+    cms_admin_env(
+        &["--profile", "nope", "tenants", "list"],
+        &[("CMS_ADMIN_CONFIG", cfg)],
+    )
+    .await
+    .fails(EXIT_USAGE, "test");
     // A missing token file is a local error.
-    admin(&url, &["--token-file", "/nonexistent/token", "tenants", "list"])
-        .await
-        .fails(EXIT_REFUSED, "/nonexistent/token");
+    admin(
+        &url,
+        &["--token-file", "/nonexistent/token", "tenants", "list"],
+    )
+    .await
+    .fails(EXIT_REFUSED, "/nonexistent/token");
     // CMS_ADMIN_URL is used when --url is absent.
     let (url, h) = one_shot(r#"[]"#);
-    let run = cms_admin_env(&["tenants", "list", "-o", "json"], &[("CMS_ADMIN_URL", &url)]).await;
+    let run = cms_admin_env(
+        &["tenants", "list", "-o", "json"],
+        &[("CMS_ADMIN_URL", &url)],
+    )
+    .await;
     assert_eq!(run.json(), json!([]));
     h.join().expect("server");
 }
@@ -494,37 +872,63 @@ async fn bookies_list_readonly_decommission_and_under_replicated() {
     let list = admin(u, &["bookies", "list"]).await;
     assert_eq!(
         list.rows()[0],
-        vec!["ID", "STATE", "RACK", "ENDPOINT", "FREE-BYTES", "TOTAL-BYTES"],
+        vec![
+            "ID",
+            "STATE",
+            "RACK",
+            "ENDPOINT",
+            "FREE-BYTES",
+            "TOTAL-BYTES"
+        ],
         "{}",
         list.describe()
     );
     let ids = first_column(&list);
     assert_eq!(ids, vec!["b1", "b2", "b3"], "{}", list.describe());
-    let b3 = admin(u, &["bookies", "get", "b3", "-o", "json"]).await.json();
+    let b3 = admin(u, &["bookies", "get", "b3", "-o", "json"])
+        .await
+        .json();
     assert_eq!(b3["state"], "available", "{b3}");
-    admin(u, &["bookies", "get", "b9"]).await.fails(EXIT_NOT_FOUND, "b9");
+    admin(u, &["bookies", "get", "b9"])
+        .await
+        .fails(EXIT_NOT_FOUND, "b9");
 
-    let ro = admin(u, &["bookies", "set-readonly", "b3", "-o", "json"]).await.json();
+    let ro = admin(u, &["bookies", "set-readonly", "b3", "-o", "json"])
+        .await
+        .json();
     assert_eq!(ro["state"], "readonly", "{ro}");
-    let back = admin(u, &["bookies", "set-readonly", "b3", "--off", "-o", "json"]).await.json();
+    let back = admin(u, &["bookies", "set-readonly", "b3", "--off", "-o", "json"])
+        .await
+        .json();
     assert_eq!(back["state"], "available", "{back}");
 
     // Decommission needs the bookie stopped: 409 (exit 4) while it runs.
     admin(u, &["bookies", "decommission", "b3", "--yes"])
         .await
         .fails(EXIT_CONFLICT, "stop it first");
-    admin(u, &["bookies", "decommission", "b3"]).await.fails(EXIT_USAGE, "--yes");
+    admin(u, &["bookies", "decommission", "b3"])
+        .await
+        .fails(EXIT_USAGE, "--yes");
     bookies[2].process.stop().await;
     eventually("b3 unregistered", 30_000, || async {
         let v = admin(u, &["bookies", "list", "-o", "json"]).await.json();
         v.as_array().is_some_and(|a| a.len() == 2)
     })
     .await;
-    let d = admin(u, &["bookies", "decommission", "b3", "--yes", "-o", "json"]).await.json();
+    let d = admin(u, &["bookies", "decommission", "b3", "--yes", "-o", "json"])
+        .await
+        .json();
     assert_eq!(d["done"], true, "{d}");
-    let ur = admin(u, &["bookies", "under-replicated", "-o", "json"]).await.json();
+    let ur = admin(u, &["bookies", "under-replicated", "-o", "json"])
+        .await
+        .json();
     assert!(ur.is_array(), "{ur}");
     let table = admin(u, &["bookies", "under-replicated"]).await;
-    assert_eq!(table.rows()[0], vec!["LEDGER", "LOST-BOOKIES"], "{}", table.describe());
+    assert_eq!(
+        table.rows()[0],
+        vec!["LEDGER", "LOST-BOOKIES"],
+        "{}",
+        table.describe()
+    );
     drop(zk);
 }

@@ -273,6 +273,7 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
     ("PUT", "/admin/v2/namespaces/{tenant}/{namespace}"),
     ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/topics"),
+    ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/ownership"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}"),
     ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}"),
     (
@@ -466,6 +467,7 @@ fn table() -> Table {
     .add("PUT", "/admin/v2/namespaces/{tenant}/{namespace}", n::create)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}", n::delete)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/topics", n::topics)
+    .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/ownership", n::ownership)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::get_policy)
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::set_policy)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::clear_policy)

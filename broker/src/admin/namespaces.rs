@@ -412,6 +412,35 @@ pub async fn topics(State(s): St, p: Params) -> AdminResult {
     Ok(ok_json(json!(names)))
 }
 
+/// `GET /namespaces/{tenant}/{namespace}/ownership`: every bundle of the
+/// namespace with its owner (`null` while no broker owns it), in hash order.
+pub async fn ownership(State(s): St, p: Params) -> AdminResult {
+    use crate::ownership::OwnershipError as E;
+    let (t, ns) = ns_params(&p)?;
+    read_policies(&s, &t, &ns).await?;
+    let owners = s
+        .ownership
+        .bundle_owners(&t, &ns)
+        .await
+        .map_err(|e| match e {
+            E::NoNamespace(n) => AdminError::NotFound(format!("namespace {n} does not exist")),
+            E::BadPolicy { .. } => AdminError::Internal(e.to_string()),
+            E::Metadata(_) | E::Unavailable(_) => AdminError::Unavailable(e.to_string()),
+        })?;
+    let out: Vec<Value> = owners
+        .into_iter()
+        .map(|(range, owner)| {
+            json!({
+                "bundle": range.to_string(),
+                "owner": owner.as_ref().map(|o| o.broker_id.clone()),
+                "serviceUrl": owner.as_ref().map(|o| o.service_url.clone()),
+                "webServiceUrl": owner.as_ref().map(|o| o.http_url.clone()),
+            })
+        })
+        .collect();
+    Ok(ok_json(json!(out)))
+}
+
 fn scope<'a>(s: &'a BrokerState, q: &'a QueryParams) -> PolicyScope<'a> {
     PolicyScope {
         cluster: &s.cluster_name,

@@ -300,6 +300,40 @@ impl Ownership {
         Ok(bundles)
     }
 
+    /// The owner of every bundle of namespace `tenant/ns`, in hash order
+    /// (`None`: not owned now; in standalone this broker owns them all).
+    pub async fn bundle_owners(
+        &self,
+        tenant: &str,
+        namespace: &str,
+    ) -> Result<Vec<(BundleRange, Option<OwnerRecord>)>, OwnershipError> {
+        let bundles = self.bundles(tenant, namespace).await?;
+        let mut out = Vec::with_capacity(bundles.ranges().len());
+        for range in bundles.ranges() {
+            if !self.cfg.enabled {
+                let me = OwnerRecord {
+                    broker_id: self.cfg.broker_id.clone(),
+                    service_url: self.cfg.service_url.clone(),
+                    http_url: self.cfg.http_url.clone(),
+                };
+                out.push((*range, Some(me)));
+                continue;
+            }
+            let key = BundleKey {
+                tenant: tenant.to_string(),
+                namespace: namespace.to_string(),
+                range: *range,
+            };
+            let owner = match self.store.get(&self.node_path(&key)).await {
+                Ok((data, _)) => serde_json::from_slice::<OwnerRecord>(&data).ok(),
+                Err(MetadataError::NoNode(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            out.push((*range, owner));
+        }
+        Ok(out)
+    }
+
     /// The bundle holding `topic`.
     pub async fn bundle_of(&self, topic: &TopicName) -> Result<BundleKey, OwnershipError> {
         let b = self.bundles(&topic.tenant, &topic.namespace).await?;
