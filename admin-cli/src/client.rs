@@ -18,6 +18,9 @@ use serde_json::Value;
 /// fit many times over).
 pub const RESPONSE_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
+/// Redirects (307 to the owning broker) followed per request.
+pub const REDIRECTS_MAX: u32 = 5;
+
 /// Exit code: success.
 pub const EXIT_OK: u8 = 0;
 /// Exit code: the server refused the request (400, 401, 403, 405 and other
@@ -124,6 +127,7 @@ impl Admin {
         let mut b = Client::builder()
             .timeout(s.timeout)
             .connect_timeout(s.timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("cms-admin/", env!("CARGO_PKG_VERSION")));
         if let Some(ca) = &s.tls_ca_file {
             let pem = std::fs::read(ca)
@@ -150,20 +154,37 @@ impl Admin {
     }
 
     fn send(&self, method: Method, path: &str, body: Option<&Value>) -> AdminResult<Response> {
-        let url = format!("{}{path}", self.base);
-        let mut r = self.client.request(method, &url);
-        if let Some(t) = &self.token {
-            r = r.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            r = r
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(b.to_string());
-        }
-        let resp = r.send().map_err(|e| AdminError::Unreachable {
-            url: self.base.clone(),
-            detail: describe(&e),
-        })?;
+        let mut url = format!("{}{path}", self.base);
+        let mut hops = 0;
+        let resp = loop {
+            let mut r = self.client.request(method.clone(), &url);
+            if let Some(t) = &self.token {
+                r = r.bearer_auth(t);
+            }
+            if let Some(b) = body {
+                r = r
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(b.to_string());
+            }
+            let resp = r.send().map_err(|e| AdminError::Unreachable {
+                url: url.clone(),
+                detail: describe(&e),
+            })?;
+            // A topic owned by another broker: 307 to the same path there.
+            // Followed here (not by reqwest) so the token goes along.
+            let location = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .map(str::to_string);
+            match (resp.status().as_u16(), location) {
+                (307 | 308, Some(loc)) if hops < REDIRECTS_MAX => {
+                    hops += 1;
+                    url = loc;
+                }
+                _ => break resp,
+            }
+        };
         if resp.status().is_success() {
             return Ok(resp);
         }

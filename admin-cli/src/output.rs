@@ -67,10 +67,12 @@ pub fn render(shown: &Shown, format: Format) -> String {
     }
 }
 
-/// A cell's text: strings bare, null as `-`, the rest compact JSON.
+/// A cell's text: strings bare, null and empty strings as `-` (columns stay
+/// splittable on whitespace), the rest compact JSON.
 pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".to_string(),
+        Value::String(s) if s.is_empty() => "-".to_string(),
         Value::String(s) => s.clone(),
         Value::Array(a) if a.iter().all(Value::is_string) => a
             .iter()
@@ -247,6 +249,7 @@ mod tests {
     #[test]
     fn cells() {
         assert_eq!(cell(&json!(null)), "-");
+        assert_eq!(cell(&json!("")), "-");
         assert_eq!(cell(&json!(["a", "b"])), "a,b");
         assert_eq!(cell(&json!({"k": 1})), r#"{"k":1}"#);
         assert_eq!(cell(&json!(5)), "5");

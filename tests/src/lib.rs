@@ -1,5 +1,6 @@
 //! `cms-tests`: the harness every CMS system test stands on. Being built.
 
+pub mod admin_cli;
 pub mod chaos;
 pub mod cluster;
 pub mod conformance;

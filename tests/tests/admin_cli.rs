@@ -10,119 +10,17 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use cms_tests::admin_cli::{
+    EXIT_CONFLICT, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, Run, admin,
+    cms_admin_env, first_column,
+};
 use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, run_python, start_bookies};
-use cms_tests::harness::bins;
 use cms_tests::harness::ports::{free_port, loopback};
 use cms_tests::harness::wait::eventually;
 use cms_tests::harness::zookeeper::ZooKeeper;
 use serde_json::{Value, json};
-
-/// Bound on one run of the binary, in milliseconds.
-const RUN_TIMEOUT_MS: u64 = 60_000;
-
-/// The documented exit codes.
-const EXIT_REFUSED: i32 = 1;
-const EXIT_USAGE: i32 = 2;
-const EXIT_NOT_FOUND: i32 = 3;
-const EXIT_CONFLICT: i32 = 4;
-const EXIT_UNREACHABLE: i32 = 6;
-
-/// One finished run.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn describe(&self) -> String {
-        format!(
-            "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-
-    /// Asserts success; the stdout.
-    fn ok(&self) -> &str {
-        assert_eq!(self.code, Some(0), "{}", self.describe());
-        &self.stdout
-    }
-
-    /// Asserts success; stdout as JSON.
-    fn json(&self) -> Value {
-        serde_json::from_str(self.ok())
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.describe()))
-    }
-
-    /// Asserts exit `code` with `needle` in stderr.
-    fn fails(&self, code: i32, needle: &str) {
-        assert_eq!(self.code, Some(code), "{}", self.describe());
-        assert!(
-            self.stderr.contains(needle),
-            "stderr lacks {needle:?}: {}",
-            self.describe()
-        );
-    }
-
-    /// The table's rows, split on whitespace (header included).
-    fn rows(&self) -> Vec<Vec<String>> {
-        self.ok()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| l.split_whitespace().map(str::to_string).collect())
-            .collect()
-    }
-}
-
-/// Runs `cms-admin args...` with `env`, stdin closed, no inherited
-/// `CMS_ADMIN_*` variables and a config dir of its own.
-async fn cms_admin_env(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let binary = bins::find("cms-admin").unwrap_or_else(|e| panic!("{e}"));
-    let mut cmd = tokio::process::Command::new(&binary);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("NO_COLOR", "1")
-        // No user config leaks in: an empty config dir.
-        .env("XDG_CONFIG_HOME", "/nonexistent-cms-admin-test")
-        .kill_on_drop(true);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CMS_ADMIN_") {
-            cmd.env_remove(key);
-        }
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_millis(RUN_TIMEOUT_MS), cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("cms-admin {args:?} did not exit within {RUN_TIMEOUT_MS} ms"))
-        .unwrap_or_else(|e| panic!("run {}: {e}", binary.display()));
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// `cms-admin --url <url> args...`.
-async fn admin(url: &str, args: &[&str]) -> Run {
-    let mut all = vec!["--url", url];
-    all.extend_from_slice(args);
-    cms_admin_env(&all, &[]).await
-}
-
-fn first_column(run: &Run) -> Vec<String> {
-    run.rows()
-        .into_iter()
-        .skip(1)
-        .filter_map(|r| r.into_iter().next())
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_namespaces_topics_and_queues_through_the_cli() {
@@ -736,11 +634,11 @@ async fn unreachable_and_silent_servers_exit_6_within_the_timeout() {
     // Accepts, reads, never answers.
     let listener = TcpListener::bind(loopback(free_port())).expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let (release, released) = std::sync::mpsc::channel::<()>();
     let hold = std::thread::spawn(move || {
-        let mut held = Vec::new();
-        if let Ok((s, _)) = listener.accept() {
-            held.push(s);
-            std::thread::sleep(Duration::from_secs(5));
+        // Keep the accepted connection open, unanswered, until released.
+        if let Ok((_conn, _)) = listener.accept() {
+            let _ = released.recv_timeout(Duration::from_secs(30));
         }
     });
     let start = Instant::now();
@@ -755,12 +653,21 @@ async fn unreachable_and_silent_servers_exit_6_within_the_timeout() {
         took < Duration::from_secs(4),
         "took {took:?} with --timeout 1"
     );
+    drop(release);
     hold.join().expect("holder");
 }
 
 /// A one-request HTTP server answering `body` and handing back the request
 /// text it read.
 fn one_shot(body: &'static str) -> (String, std::thread::JoinHandle<String>) {
+    one_shot_with(String::new(), body)
+}
+
+/// [`one_shot`] answering 307 to `location` when it is not empty.
+fn one_shot_with(
+    location: String,
+    body: &'static str,
+) -> (String, std::thread::JoinHandle<String>) {
     let listener = TcpListener::bind(loopback(free_port())).expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let h = std::thread::spawn(move || {
@@ -775,8 +682,13 @@ fn one_shot(body: &'static str) -> (String, std::thread::JoinHandle<String>) {
                 Ok(n) => req.extend_from_slice(&buf[..n]),
             }
         }
+        let status = if location.is_empty() {
+            "200 OK".to_string()
+        } else {
+            format!("307 Temporary Redirect\r\nlocation: {location}")
+        };
         let resp = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
         let _ = s.write_all(resp.as_bytes());
@@ -811,6 +723,38 @@ async fn profiles_and_bearer_tokens() {
     assert!(
         req.to_ascii_lowercase()
             .contains("authorization: bearer s3cret-token\r\n"),
+        "{req}"
+    );
+
+    // A 307 to the owning broker is followed with the token.
+    let (owner, owner_h) = one_shot(r#"{"partitions": 0}"#);
+    let (first, first_h) = one_shot_with(
+        format!("{owner}/admin/v2/persistent/a/b/c/partitions"),
+        r#"{"reason": "owned elsewhere"}"#,
+    );
+    let run = admin(
+        &first,
+        &[
+            "--token",
+            "t0k",
+            "topics",
+            "partitions",
+            "a/b/c",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(run.json(), json!({"partitions": 0}));
+    first_h.join().expect("first server");
+    let req = owner_h.join().expect("owner server");
+    assert!(
+        req.starts_with("GET /admin/v2/persistent/a/b/c/partitions "),
+        "{req}"
+    );
+    assert!(
+        req.to_ascii_lowercase()
+            .contains("authorization: bearer t0k\r\n"),
         "{req}"
     );
 
