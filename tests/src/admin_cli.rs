@@ -20,6 +20,8 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_NOT_FOUND: i32 = 3;
 /// `cms-admin` exit code: conflict (409/412).
 pub const EXIT_CONFLICT: i32 = 4;
+/// `cms-admin` exit code: server error (5xx).
+pub const EXIT_SERVER: i32 = 5;
 /// `cms-admin` exit code: unreachable or timed out.
 pub const EXIT_UNREACHABLE: i32 = 6;
 

@@ -13,7 +13,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use cms_tests::admin_cli::{
-    EXIT_CONFLICT, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, Run, admin,
+    EXIT_CONFLICT, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_SERVER, EXIT_UNREACHABLE, EXIT_USAGE, admin,
     cms_admin_env, first_column,
 };
 use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, run_python, start_bookies};
@@ -660,14 +660,12 @@ async fn unreachable_and_silent_servers_exit_6_within_the_timeout() {
 /// A one-request HTTP server answering `body` and handing back the request
 /// text it read.
 fn one_shot(body: &'static str) -> (String, std::thread::JoinHandle<String>) {
-    one_shot_with(String::new(), body)
+    one_shot_with("200 OK".to_string(), body)
 }
 
-/// [`one_shot`] answering 307 to `location` when it is not empty.
-fn one_shot_with(
-    location: String,
-    body: &'static str,
-) -> (String, std::thread::JoinHandle<String>) {
+/// [`one_shot`] answering `status` (the status line's code and text, plus
+/// any header lines).
+fn one_shot_with(status: String, body: &'static str) -> (String, std::thread::JoinHandle<String>) {
     let listener = TcpListener::bind(loopback(free_port())).expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let h = std::thread::spawn(move || {
@@ -682,11 +680,6 @@ fn one_shot_with(
                 Ok(n) => req.extend_from_slice(&buf[..n]),
             }
         }
-        let status = if location.is_empty() {
-            "200 OK".to_string()
-        } else {
-            format!("307 Temporary Redirect\r\nlocation: {location}")
-        };
         let resp = format!(
             "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
@@ -729,7 +722,7 @@ async fn profiles_and_bearer_tokens() {
     // A 307 to the owning broker is followed with the token.
     let (owner, owner_h) = one_shot(r#"{"partitions": 0}"#);
     let (first, first_h) = one_shot_with(
-        format!("{owner}/admin/v2/persistent/a/b/c/partitions"),
+        format!("307 Temporary Redirect\r\nlocation: {owner}/admin/v2/persistent/a/b/c/partitions"),
         r#"{"reason": "owned elsewhere"}"#,
     );
     let run = admin(
@@ -757,6 +750,16 @@ async fn profiles_and_bearer_tokens() {
             .contains("authorization: bearer t0k\r\n"),
         "{req}"
     );
+
+    // A server error: exit 5 with the server's reason.
+    let (url503, h) = one_shot_with(
+        "503 Service Unavailable".to_string(),
+        r#"{"reason": "metadata store unavailable"}"#,
+    );
+    admin(&url503, &["tenants", "list"])
+        .await
+        .fails(EXIT_SERVER, "metadata store unavailable (HTTP 503)");
+    h.join().expect("server");
 
     // A profile from the config file gives URL and token; --profile picks it.
     let (url, h) = one_shot(r#"["c1"]"#);
