@@ -608,6 +608,27 @@ async fn bad_arguments_exit_2_with_a_clear_message() {
     cms_admin_env(&["--url", "localhost:1", "tenants", "list"], &[])
         .await
         .fails(EXIT_USAGE, "http://");
+    // TLS: an unreadable or empty CA file is a local error (exit 1).
+    admin(
+        u,
+        &["--tls-ca-file", "/nonexistent/ca.pem", "tenants", "list"],
+    )
+    .await
+    .fails(EXIT_REFUSED, "/nonexistent/ca.pem");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate\n").expect("write");
+    admin(
+        u,
+        &[
+            "--tls-ca-file",
+            not_pem.to_str().unwrap(),
+            "tenants",
+            "list",
+        ],
+    )
+    .await
+    .fails(EXIT_REFUSED, "no PEM certificate");
     // --help has examples; completions print a script.
     let help = admin(u, &["queues", "create", "--help"]).await;
     assert!(help.ok().contains("Examples:"), "{}", help.describe());
@@ -878,4 +899,124 @@ async fn bookies_list_readonly_decommission_and_under_replicated() {
         table.describe()
     );
     drop(zk);
+}
+
+/// `https://` with `--tls-ca-file`: a real TLS server (Python's `ssl`, a CA
+/// and a server certificate for 127.0.0.1 made by `openssl`) is trusted through the CA
+/// file, and refused (exit 6) without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_ca_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca_cert, ca_key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let (csr, ext) = (dir.path().join("leaf.csr"), dir.path().join("leaf.ext"));
+    std::fs::write(
+        &ext,
+        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext file");
+    let p = |x: &std::path::Path| x.to_str().expect("utf-8 path").to_string();
+    // A CA, and a server certificate for 127.0.0.1 signed by it.
+    for args in [
+        vec![
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=cms-admin test CA",
+            "-keyout",
+            &p(&ca_key),
+            "-out",
+            &p(&ca_cert),
+        ],
+        vec![
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            &p(&key),
+            "-out",
+            &p(&csr),
+        ],
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            &p(&csr),
+            "-CA",
+            &p(&ca_cert),
+            "-CAkey",
+            &p(&ca_key),
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &p(&ext),
+            "-out",
+            &p(&cert),
+        ],
+    ] {
+        let made = std::process::Command::new("openssl")
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("openssl (package openssl) is needed to make test certificates");
+        assert!(
+            made.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    let port = free_port();
+    let server = r#"
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'["tls"]'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+s.socket = ctx.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+"#;
+    let mut child = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(server)
+        .arg(port.to_string())
+        .arg(&cert)
+        .arg(&key)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3");
+    eventually("the TLS server listens", 20_000, || async {
+        tokio::net::TcpStream::connect(loopback(port)).await.is_ok()
+    })
+    .await;
+    let url = format!("https://127.0.0.1:{port}");
+    let ca = p(&ca_cert);
+    admin(&url, &["--timeout", "5", "tenants", "list"])
+        .await
+        .fails(EXIT_UNREACHABLE, "cannot reach");
+    let ok = admin(
+        &url,
+        &["--tls-ca-file", &ca, "tenants", "list", "-o", "json"],
+    )
+    .await;
+    assert_eq!(ok.json(), json!(["tls"]));
+    let _ = child.kill().await;
 }
