@@ -870,6 +870,20 @@ async fn bookies_list_readonly_decommission_and_under_replicated() {
         .json();
     assert_eq!(back["state"], "available", "{back}");
 
+    // A topic whose ledger is on every bookie (E3/Qw3/Qa2 by default).
+    let topic = "persistent://public/default/on-b3";
+    admin(u, &["topics", "create", topic]).await.ok();
+    let ledgers = admin(u, &["ledgers", "info", "--topic", topic, "-o", "json"])
+        .await
+        .json();
+    let ledger = ledgers[0]["ledgerId"].as_u64().expect("a ledger");
+    let on_b3 = ledgers[0]["segments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|seg| seg["ensemble"].to_string().contains("b3"));
+    assert!(on_b3, "{ledgers}");
+
     // Decommission needs the bookie stopped: 409 (exit 4) while it runs.
     admin(u, &["bookies", "decommission", "b3", "--yes"])
         .await
@@ -883,20 +897,74 @@ async fn bookies_list_readonly_decommission_and_under_replicated() {
         v.as_array().is_some_and(|a| a.len() == 2)
     })
     .await;
-    let d = admin(u, &["bookies", "decommission", "b3", "--yes", "-o", "json"])
-        .await
-        .json();
-    assert_eq!(d["done"], true, "{d}");
+    // One step: the ledger is left (no autorecovery runs here) and marked.
+    let d = admin(
+        u,
+        &[
+            "bookies",
+            "decommission",
+            "b3",
+            "--yes",
+            "--no-wait",
+            "-o",
+            "json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(d["done"], false, "{d}");
+    assert!(d["ledgersLeft"].as_u64().is_some_and(|n| n >= 1), "{d}");
+    assert!(
+        d["ledgers"].as_array().unwrap().contains(&json!(ledger)),
+        "{d}"
+    );
     let ur = admin(u, &["bookies", "under-replicated", "-o", "json"])
         .await
         .json();
-    assert!(ur.is_array(), "{ur}");
+    let marked = ur
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["ledgerId"] == ledger)
+        .unwrap_or_else(|| panic!("ledger {ledger} not under-replicated: {ur}"));
+    assert_eq!(marked["lostBookies"], json!("b3"), "{ur}");
     let table = admin(u, &["bookies", "under-replicated"]).await;
     assert_eq!(
         table.rows()[0],
         vec!["LEDGER", "LOST-BOOKIES"],
         "{}",
         table.describe()
+    );
+    assert!(
+        table
+            .rows()
+            .iter()
+            .any(|r| r == &vec![ledger.to_string(), "b3".to_string()]),
+        "{}",
+        table.describe()
+    );
+    // Following progress is bounded: nothing re-replicates here, so it
+    // gives up after --wait-timeout naming what is left.
+    let start = std::time::Instant::now();
+    admin(
+        u,
+        &[
+            "bookies",
+            "decommission",
+            "b3",
+            "--yes",
+            "--wait-timeout",
+            "2",
+            "--interval",
+            "1",
+        ],
+    )
+    .await
+    .fails(EXIT_REFUSED, "ledgers left");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
     );
     drop(zk);
 }
