@@ -1088,3 +1088,52 @@ s.serve_forever()
     assert_eq!(ok.json(), json!(["tls"]));
     let _ = child.kill().await;
 }
+
+/// Runs `cms-admin --url url args...` on a pseudo-terminal (util-linux
+/// `script`) with `answer` typed on it.
+async fn on_a_terminal(url: &str, args: &[&str], answer: &str) -> (Option<i32>, String) {
+    let binary = cms_tests::harness::bins::find("cms-admin").unwrap_or_else(|e| panic!("{e}"));
+    let command = format!("{} --url {url} {}", binary.display(), args.join(" "));
+    let mut child = tokio::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("XDG_CONFIG_HOME", "/nonexistent-cms-admin-test")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script (util-linux) runs a command on a pseudo-terminal");
+    let mut stdin = child.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, answer.as_bytes())
+        .await
+        .expect("type the answer");
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("script exits")
+        .expect("script output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// On a terminal, destructive commands ask; only "y" goes ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_commands_ask_on_a_terminal() {
+    // "n": nothing is sent (nothing listens here; a request would exit 6).
+    let closed = format!("http://{}", loopback(free_port()));
+    let (code, text) = on_a_terminal(&closed, &["tenants", "delete", "acme"], "n\n").await;
+    assert_eq!(code, Some(EXIT_USAGE), "{text}");
+    assert!(text.contains("delete tenant acme? [y/N]"), "{text}");
+    assert!(text.contains("not confirmed"), "{text}");
+    // "y": the DELETE is sent.
+    let (url, h) = one_shot("");
+    let (code, text) = on_a_terminal(&url, &["tenants", "delete", "acme"], "y\n").await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("tenant acme deleted"), "{text}");
+    let req = h.join().expect("server");
+    assert!(req.starts_with("DELETE /admin/v2/tenants/acme "), "{req}");
+}
