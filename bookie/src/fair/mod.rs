@@ -184,7 +184,7 @@ impl FairReads {
 
     /// Grants what may run now, then updates the gauges.
     fn pump(&self, s: &mut Scheduler<Waker>) {
-        while let Some(g) = s.next() {
+        while let Some(g) = s.next_grant() {
             let Grant {
                 key,
                 cost,

@@ -274,7 +274,7 @@ impl<T> Scheduler<T> {
     }
 
     /// The next request to run, if any may run now.
-    pub fn next(&mut self) -> Option<Grant<T>> {
+    pub fn next_grant(&mut self) -> Option<Grant<T>> {
         if self.in_flight >= self.cfg.in_flight_max {
             return None;
         }
@@ -399,7 +399,7 @@ mod tests {
     fn drain(s: &mut Scheduler<u32>, n: usize) -> Vec<String> {
         let mut out = Vec::new();
         for _ in 0..n {
-            let Some(g) = s.next() else { break };
+            let Some(g) = s.next_grant() else { break };
             s.complete(&g.key, g.cost, g.entries, Some(g.cost));
             out.push(g.key);
         }
@@ -434,11 +434,11 @@ mod tests {
         for _ in 0..20_000 {
             for k in ["x", "y", "low"] {
                 while s.keys.get(k).map(|st| st.queue.len()).unwrap_or(0) < 4 {
-                    let n = rng.gen_range(1..=200);
+                    let n = rng.random_range(1..=200);
                     s.enqueue(k, n, 0, 0).unwrap();
                 }
             }
-            let g = s.next().expect("backlogged");
+            let g = s.next_grant().expect("backlogged");
             *bytes.entry(g.key.clone()).or_default() += g.cost;
             s.complete(&g.key, g.cost, g.entries, Some(g.cost));
         }
@@ -477,15 +477,15 @@ mod tests {
         for i in 0..10 {
             s.enqueue("a", 1, 0, i).unwrap();
         }
-        let g1 = s.next().unwrap();
-        let _g2 = s.next().unwrap();
-        assert!(s.next().is_none(), "a is at its in-flight bound");
+        let g1 = s.next_grant().unwrap();
+        let _g2 = s.next_grant().unwrap();
+        assert!(s.next_grant().is_none(), "a is at its in-flight bound");
         s.enqueue("b", 1, 0, 0).unwrap();
-        let g3 = s.next().unwrap();
+        let g3 = s.next_grant().unwrap();
         assert_eq!(g3.key, "b");
-        assert!(s.next().is_none(), "global bound");
+        assert!(s.next_grant().is_none(), "global bound");
         s.complete(&g1.key, g1.cost, g1.entries, Some(g1.cost));
-        assert_eq!(s.next().unwrap().key, "a");
+        assert_eq!(s.next_grant().unwrap().key, "a");
     }
 
     #[test]
@@ -498,11 +498,11 @@ mod tests {
         let mut s = Scheduler::new(c);
         s.enqueue("a", 5, 0, 0).unwrap(); // 500 B: above the bound, alone
         s.enqueue("a", 1, 0, 1).unwrap();
-        let g = s.next().unwrap();
+        let g = s.next_grant().unwrap();
         assert_eq!(g.cost, 500);
-        assert!(s.next().is_none());
+        assert!(s.next_grant().is_none());
         s.complete(&g.key, g.cost, g.entries, Some(500));
-        assert!(s.next().is_some());
+        assert!(s.next_grant().is_some());
     }
 
     #[test]
@@ -516,7 +516,7 @@ mod tests {
         // Grant order until b's 20 reads are done.
         let (mut a_grants, mut b_grants) = (0, 0);
         while b_grants < 20 {
-            let g = s.next().unwrap();
+            let g = s.next_grant().unwrap();
             let actual = if g.key == "a" { 10_000 } else { 100 };
             if g.key == "a" {
                 a_grants += 1;
@@ -544,7 +544,7 @@ mod tests {
         assert!(s.keys.contains_key(OVERFLOW_KEY));
         assert!(!s.keys.contains_key("d"));
         // Complete everything; idle keys make room.
-        while let Some(g) = s.next() {
+        while let Some(g) = s.next_grant() {
             s.complete(&g.key, g.cost, g.entries, Some(g.cost));
         }
         s.enqueue("e", 1, 0, 0).unwrap();
@@ -559,16 +559,16 @@ mod tests {
         for seed in 0..50u64 {
             let mut rng = StdRng::seed_from_u64(seed);
             let c = SchedConfig {
-                in_flight_max: rng.gen_range(1..8),
-                key_in_flight_max: rng.gen_range(1..4),
-                key_in_flight_bytes_max: rng.gen_range(100..100_000),
-                key_queue_requests_max: rng.gen_range(1..20),
-                key_queue_bytes_max: rng.gen_range(100..200_000),
-                keys_max: rng.gen_range(1..6),
-                quantum_bytes: rng.gen_range(1..5_000),
-                weight_default: rng.gen_range(1..5),
+                in_flight_max: rng.random_range(1..8),
+                key_in_flight_max: rng.random_range(1..4),
+                key_in_flight_bytes_max: rng.random_range(100..100_000),
+                key_queue_requests_max: rng.random_range(1..20),
+                key_queue_bytes_max: rng.random_range(100..200_000),
+                keys_max: rng.random_range(1..6),
+                quantum_bytes: rng.random_range(1..5_000),
+                weight_default: rng.random_range(1..5),
                 weights: HashMap::from([("k0".to_string(), 1)]),
-                entry_bytes_initial: rng.gen_range(1..2_000),
+                entry_bytes_initial: rng.random_range(1..2_000),
             };
             let mut s = Scheduler::new(c.clone());
             let mut accepted = std::collections::HashSet::new();
@@ -576,26 +576,26 @@ mod tests {
             let mut running: Vec<Grant<u64>> = Vec::new();
             let mut id = 0u64;
             for _ in 0..2_000 {
-                match rng.gen_range(0..3) {
+                match rng.random_range(0..3) {
                     0 => {
-                        let k = format!("k{}", rng.gen_range(0..8));
+                        let k = format!("k{}", rng.random_range(0..8));
                         id += 1;
-                        if s.enqueue(&k, rng.gen_range(1..50), rng.gen_range(0..5_000), id)
+                        if s.enqueue(&k, rng.random_range(1..50), rng.random_range(0..5_000), id)
                             .is_ok()
                         {
                             accepted.insert(id);
                         }
                     }
                     1 => {
-                        if let Some(g) = s.next() {
+                        if let Some(g) = s.next_grant() {
                             assert!(granted.insert(g.item), "granted twice");
                             running.push(g);
                         }
                     }
                     _ => {
                         if !running.is_empty() {
-                            let g = running.swap_remove(rng.gen_range(0..running.len()));
-                            let actual = rng.gen_range(0..3 * g.cost + 1);
+                            let g = running.swap_remove(rng.random_range(0..running.len()));
+                            let actual = rng.random_range(0..3 * g.cost + 1);
                             s.complete(&g.key, g.cost, g.entries, Some(actual));
                         }
                     }
@@ -609,7 +609,7 @@ mod tests {
             }
             // Drain: everything accepted is eventually granted.
             loop {
-                while let Some(g) = s.next() {
+                while let Some(g) = s.next_grant() {
                     assert!(granted.insert(g.item), "granted twice");
                     running.push(g);
                 }
