@@ -188,9 +188,13 @@ impl ReadHandle {
             .map(|b| {
                 let inner = self.inner.clone();
                 let ledger_id = self.ledger_id;
+                let key = self.fairness_key.clone();
                 async move {
                     let c = inner.pool.get(&b).await.ok()?;
-                    let r = c.read_next(ledger_id, previous, timeout_ms).await.ok()?;
+                    let r = c
+                        .read_next(ledger_id, previous, timeout_ms, &key)
+                        .await
+                        .ok()?;
                     (StatusCode::try_from(r.status) == Ok(StatusCode::Ok)).then_some(())
                 }
             })
