@@ -332,12 +332,13 @@ impl BookieClient {
         ledger_id: u64,
         previous_lac: i64,
         timeout_ms: u32,
+        fairness_key: &str,
     ) -> Result<ReadNextResponse, ClientError> {
         let req = ReadNextRequest {
             ledger_id,
             previous_lac,
             timeout_ms,
-            fairness_key: String::new(),
+            fairness_key: fairness_key.to_string(),
         };
         let mut r = Request::new(req);
         r.set_timeout(Duration::from_millis(

@@ -82,6 +82,7 @@ pub mod autorecovery;
 pub mod bookie_client;
 pub mod client;
 pub mod entry;
+pub mod fair;
 pub mod fs;
 pub mod journal;
 pub mod metadata;

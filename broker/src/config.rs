@@ -112,6 +112,24 @@ pub struct BrokerConfig {
     /// Broker-wide entry cache (tailing reads), in bytes.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
     pub entry_cache_bytes_max: usize,
+    /// Dispatch reads (cache misses sent to the bookies) in flight over all
+    /// tenants (docs/isolation.md).
+    #[arg(long, default_value_t = 32)]
+    pub dispatch_reads_in_flight_max: usize,
+    /// Dispatch reads in flight for one tenant; its further reads wait for
+    /// its own budget.
+    #[arg(long, default_value_t = 8)]
+    pub dispatch_reads_per_tenant_in_flight_max: usize,
+    /// Estimated bytes of dispatch reads in flight for one tenant.
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    pub dispatch_read_bytes_per_tenant_in_flight_max: u64,
+    /// Dispatch reads queued for one tenant; beyond, a read fails at once
+    /// (retried by the subscription after a backoff).
+    #[arg(long, default_value_t = 10_000)]
+    pub dispatch_read_queue_requests_per_tenant_max: usize,
+    /// Estimated bytes of dispatch reads queued for one tenant.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub dispatch_read_queue_bytes_per_tenant_max: u64,
     /// Topics loaded at once at most.
     #[arg(long, default_value_t = 10_000)]
     pub topics_loaded_max: usize,
@@ -253,6 +271,18 @@ impl BrokerConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The per-tenant dispatch read queues' settings.
+    pub fn dispatch_read_config(&self) -> cms_bookie::fair::SchedConfig {
+        cms_bookie::fair::SchedConfig {
+            in_flight_max: self.dispatch_reads_in_flight_max,
+            key_in_flight_max: self.dispatch_reads_per_tenant_in_flight_max,
+            key_in_flight_bytes_max: self.dispatch_read_bytes_per_tenant_in_flight_max,
+            key_queue_requests_max: self.dispatch_read_queue_requests_per_tenant_max,
+            key_queue_bytes_max: self.dispatch_read_queue_bytes_per_tenant_max,
+            ..crate::managed_ledger::io::DispatchReads::default_config()
+        }
     }
 
     /// Producer de-duplication settings of topics.

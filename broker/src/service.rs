@@ -256,6 +256,11 @@ pub async fn run(
         ensemble_size: replication.ensemble,
         write_quorum: replication.write_quorum,
         ack_quorum: replication.ack_quorum,
+        dispatch_reads: crate::managed_ledger::io::DispatchReads::new(
+            config.dispatch_read_config(),
+            cms_bookie::fair::FairMetrics::new(&registry, "cms_broker_dispatch_read")
+                .map_err(|e| BrokerError::Io(e.to_string()))?,
+        ),
         ..ManagedLedgerConfig::default()
     };
     let topics = Topics::new(TopicContext {

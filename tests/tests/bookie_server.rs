@@ -505,3 +505,104 @@ async fn a_corrupted_entry_log_is_an_io_error_never_no_entry() {
     }
     assert!(io > 0, "the flipped bytes were detected ({ok} ok)");
 }
+
+/// Invariant 8 on the bookie: one fairness key floods range reads until its
+/// queue is full (reads refused TOO_MANY_REQUESTS), and meanwhile adds keep
+/// completing (the journal path never waits on a read slot) and another key's
+/// small read is served. Judged by outcomes and the scheduler's counters, not
+/// by latency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_and_other_keys_go_on_while_one_key_saturates_the_read_queue() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let zk = zk().await;
+    init_store(&zk.connect_string()).await;
+    let b = BookieNode::start(
+        "b1",
+        &zk.connect_string(),
+        &[
+            "--reads-in-flight-max=1",
+            "--reads-per-key-in-flight-max=1",
+            "--read-queue-requests-per-key-max=4",
+        ],
+    )
+    .await;
+    let c = b.client().await;
+    // Ledger 1: 16 entries of 16 KiB for the flood; ledger 3: one small entry.
+    let big = vec![b'x'; 16 * 1024];
+    for e in 0..16i64 {
+        let body = Entry::encode(
+            EntryHeader {
+                ledger_id: 1,
+                entry_id: e,
+                lac: e - 1,
+                length: 0,
+            },
+            &big,
+        );
+        assert_eq!(
+            c.add(1, e, key(), false, body).await.unwrap(),
+            StatusCode::Ok
+        );
+    }
+    assert_eq!(add(&c, 3, 0).await, StatusCode::Ok);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut flooders = Vec::new();
+    for _ in 0..8 {
+        let (c, stop, served) = (c.clone(), stop.clone(), served.clone());
+        flooders.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.read_range(1, 0, 16, 1 << 20, "flood").await.unwrap();
+                match StatusCode::try_from(r.status) {
+                    Ok(StatusCode::Ok) => {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(StatusCode::TooManyRequests) => {
+                        // Paces the retry; correctness does not depend on it.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    other => panic!("flood read answered {other:?}"),
+                }
+            }
+        }));
+    }
+    let refused = |addr| async move {
+        cms_tests::cluster::metric_value(addr, "cms_bookie_read_sched_refused_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    let http = b.http();
+    eventually(
+        "the flood key's queue is full (reads refused)",
+        30_000,
+        || async move { refused(http).await > 0.0 },
+    )
+    .await;
+    let refused_before = refused(http).await;
+
+    // Adds, one after another (each waits for its fsync), while flooded.
+    for e in 0..100i64 {
+        assert_eq!(add(&c, 2, e).await, StatusCode::Ok, "add {e} while flooded");
+    }
+    // Another key's small read is served while the flood key is saturated.
+    let r = c.read(3, 0, None, "tail").await.unwrap();
+    assert_eq!(read_status(&r), StatusCode::Ok);
+    assert_eq!(r.body, entry(3, 0));
+    let refused_after = refused(http).await;
+    assert!(
+        refused_after > refused_before,
+        "the flood key stayed saturated during the adds ({refused_before} -> {refused_after})"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for f in flooders {
+        f.await.unwrap();
+    }
+    assert!(
+        served.load(Ordering::Relaxed) > 0,
+        "the flood key progressed"
+    );
+    assert_reads_back(&c, 2, 100).await;
+}

@@ -570,7 +570,7 @@ pub async fn sample_check(
             let Some(Some(c)) = conns.get(&bookie) else {
                 continue;
             };
-            match c.read(id, entry_id, None, "autorecovery-audit").await {
+            match c.read(id, entry_id, None, crate::fair::AUDIT_KEY).await {
                 Ok(r) => match read_status(&r) {
                     StatusCode::NoEntry | StatusCode::NoLedger => {
                         debug!(ledger = id, entry = entry_id, bookie = %bookie, "sampled read: missing");
@@ -857,7 +857,7 @@ impl Worker {
         for seg in copy_plan(&md, &lost)? {
             for c in &seg.entries {
                 let have = target
-                    .read(ledger_id, c.entry_id, None, "autorecovery")
+                    .read(ledger_id, c.entry_id, None, crate::fair::AUTORECOVERY_KEY)
                     .await
                     .ok()
                     .filter(|r| read_status(r) == StatusCode::Ok)
@@ -992,7 +992,10 @@ impl Worker {
             let Ok(c) = self.conn(&info).await else {
                 continue;
             };
-            match c.read(ledger_id, entry_id, None, "autorecovery").await {
+            match c
+                .read(ledger_id, entry_id, None, crate::fair::AUTORECOVERY_KEY)
+                .await
+            {
                 Ok(r) if read_status(&r) == StatusCode::Ok => {
                     match Entry::decode_expected(r.body.clone(), ledger_id, entry_id) {
                         Ok(_) => return Ok(r.body),
@@ -1158,7 +1161,7 @@ pub async fn replica_presence(
                     row.expected += 1;
                     let ok = match &conn {
                         Some(c) => c
-                            .read(md.ledger_id, e, None, "autorecovery")
+                            .read(md.ledger_id, e, None, crate::fair::AUTORECOVERY_KEY)
                             .await
                             .is_ok_and(|r| read_status(&r) == StatusCode::Ok),
                         None => false,
@@ -1245,7 +1248,10 @@ async fn copy_entry(
     let mut body = None;
     for s in &order {
         let Some(c) = conns.get(s) else { continue };
-        match c.read(ledger_id, entry_id, None, "autorecovery").await {
+        match c
+            .read(ledger_id, entry_id, None, crate::fair::AUTORECOVERY_KEY)
+            .await
+        {
             Ok(r) if read_status(&r) == StatusCode::Ok => {
                 match Entry::decode_expected(r.body.clone(), ledger_id, entry_id) {
                     Ok(_) => {

@@ -2,6 +2,7 @@
 //! flags (with defaults and units in `--help`), the TOML keys and the
 //! `CMS_BOOKIE_*` environment keys (see `cms_common::config`).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +16,26 @@ use crate::storage::StorageConfig;
 
 use super::core::{CoreLimits, ENTRY_BYTES_MAX_DEFAULT};
 use super::grpc::GrpcLimits;
+use crate::fair::SchedConfig;
+
+/// Parses `key=weight,key=weight` (weights ≥ 1; empty = none).
+pub fn parse_key_weights(s: &str) -> Result<HashMap<String, u32>, String> {
+    let mut out = HashMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, w) = part
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{part:?} is not key=weight"))?;
+        let w: u32 = w
+            .trim()
+            .parse()
+            .map_err(|e| format!("weight of {k:?}: {e}"))?;
+        if w == 0 {
+            return Err(format!("weight of {k:?} must be at least 1"));
+        }
+        out.insert(k.trim().to_string(), w);
+    }
+    Ok(out)
+}
 
 /// Options of `cms-bookie serve`.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
@@ -126,9 +147,36 @@ pub struct BookieConfig {
     /// Reads in flight over all connections.
     #[arg(long, default_value_t = 64)]
     pub reads_in_flight_max: usize,
-    /// Reads in flight for one fairness key (tenant).
+    /// Reads in flight for one fairness key (the broker sends the tenant).
     #[arg(long, default_value_t = 16)]
     pub reads_per_key_in_flight_max: usize,
+    /// Estimated bytes of reads in flight for one fairness key (a key's
+    /// first read is admitted whatever its size).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub read_bytes_per_key_in_flight_max: u64,
+    /// Reads queued for one fairness key; further reads are answered
+    /// TOO_MANY_REQUESTS at once.
+    #[arg(long, default_value_t = 4096)]
+    pub read_queue_requests_per_key_max: usize,
+    /// Estimated bytes of reads queued for one fairness key; further reads
+    /// are answered TOO_MANY_REQUESTS at once.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub read_queue_bytes_per_key_max: u64,
+    /// Fairness keys tracked; keys beyond share one queue.
+    #[arg(long, default_value_t = 10_000)]
+    pub read_fairness_keys_max: usize,
+    /// Read scheduler credit per round per unit of weight, in bytes
+    /// (deficit round robin by bytes).
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub read_quantum_bytes: u64,
+    /// Weight of a fairness key not named in `read_key_weights`.
+    #[arg(long, default_value_t = 4)]
+    pub read_weight_default: u32,
+    /// Weights of named fairness keys, `key=weight,...`. The defaults give
+    /// autorecovery's re-replication and audit reads a quarter of a normal
+    /// key's share when reads contend.
+    #[arg(long, default_value = "@autorecovery=1,@autorecovery-audit=1")]
+    pub read_key_weights: String,
     /// Longest wait of a long-poll read, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub long_poll_ms_max: u64,
@@ -266,6 +314,11 @@ impl BookieConfig {
         if self.journal_dir == self.ledger_dir {
             return Err(invalid("ledger_dir", "must differ from journal_dir"));
         }
+        if self.read_weight_default == 0 {
+            return Err(invalid("read_weight_default", "must be at least 1"));
+        }
+        parse_key_weights(&self.read_key_weights)
+            .map_err(|reason| invalid("read_key_weights", reason))?;
         Ok(())
     }
 
@@ -373,9 +426,19 @@ impl BookieConfig {
     pub fn grpc_limits(&self) -> GrpcLimits {
         GrpcLimits {
             adds_in_flight_per_stream_max: self.adds_in_flight_per_stream_max,
-            reads_in_flight_max: self.reads_in_flight_max,
-            reads_per_key_in_flight_max: self.reads_per_key_in_flight_max,
-            fairness_keys_max: 10_000,
+            reads: SchedConfig {
+                in_flight_max: self.reads_in_flight_max,
+                key_in_flight_max: self.reads_per_key_in_flight_max,
+                key_in_flight_bytes_max: self.read_bytes_per_key_in_flight_max,
+                key_queue_requests_max: self.read_queue_requests_per_key_max,
+                key_queue_bytes_max: self.read_queue_bytes_per_key_max,
+                keys_max: self.read_fairness_keys_max,
+                quantum_bytes: self.read_quantum_bytes,
+                weight_default: self.read_weight_default,
+                // Checked by `validate`.
+                weights: parse_key_weights(&self.read_key_weights).unwrap_or_default(),
+                entry_bytes_initial: 4096,
+            },
         }
     }
 }
@@ -395,6 +458,23 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         parse(&[]).validate().unwrap();
+        let w = parse(&[]).grpc_limits().reads.weights;
+        assert_eq!(w.get("@autorecovery"), Some(&1));
+    }
+
+    #[test]
+    fn read_key_weights_are_checked() {
+        assert_eq!(
+            parse_key_weights(" a=2, b=1 ,").unwrap(),
+            HashMap::from([("a".to_string(), 2), ("b".to_string(), 1)])
+        );
+        for bad in ["a", "a=0", "a=x"] {
+            assert!(parse_key_weights(bad).is_err(), "{bad}");
+            let err = parse(&[&format!("--read-key-weights={bad}")])
+                .validate()
+                .unwrap_err();
+            assert_eq!(err.key, "read_key_weights");
+        }
     }
 
     #[test]

@@ -11,10 +11,14 @@
 //!   stream goes on (tonic's own message limit is set well above the entry
 //!   limit, see [`GRPC_MESSAGE_BYTES_MAX`], because a tonic size error ends the
 //!   whole stream);
-//! - reads are admitted fairly by `fairness_key` ([`FairReads`]): one key holds
-//!   at most `reads_per_key_in_flight_max` of the `reads_in_flight_max` slots, so
-//!   one tenant's catch-up reads cannot take every read slot; storage reads run
-//!   on the blocking pool.
+//! - every storage read (single and range) is admitted by the weighted fair
+//!   scheduler [`FairReads`] keyed by the request's opaque `fairness_key`
+//!   (deficit round robin by bytes, per-key queues bounded in requests and
+//!   bytes, docs/isolation.md): one key's catch-up reads cannot take every
+//!   read slot nor delay another key's small reads by more than a round; a
+//!   read whose key's queue is full is answered `TOO_MANY_REQUESTS` at once.
+//!   Reads never touch the add path: adds go from the stream to the journal
+//!   without waiting on any read slot; storage reads run on the blocking pool.
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -22,14 +26,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::core::{AddOp, BookieCore, ReadResult};
+use crate::fair::{FairMetrics, FairReads, SchedConfig};
 use crate::fs::{DiskSpace, SharedFs};
 use crate::proto::bookie::bookie_server::Bookie;
 use crate::proto::bookie::{
@@ -51,83 +55,16 @@ pub const GRPC_MESSAGE_BYTES_MAX: usize = 8 * 1024 * 1024;
 pub struct GrpcLimits {
     /// Adds in flight on one add stream.
     pub adds_in_flight_per_stream_max: usize,
-    /// Reads in flight over all connections.
-    pub reads_in_flight_max: usize,
-    /// Reads in flight for one fairness key.
-    pub reads_per_key_in_flight_max: usize,
-    /// Distinct fairness keys tracked; further keys share one slot pool.
-    pub fairness_keys_max: usize,
+    /// The read scheduler: slots, per-key bounds, weights.
+    pub reads: SchedConfig,
 }
 
 impl Default for GrpcLimits {
     fn default() -> Self {
         GrpcLimits {
             adds_in_flight_per_stream_max: 10_000,
-            reads_in_flight_max: 64,
-            reads_per_key_in_flight_max: 16,
-            fairness_keys_max: 10_000,
+            reads: SchedConfig::default(),
         }
-    }
-}
-
-/// Fair admission of reads by an opaque key.
-#[derive(Debug)]
-pub struct FairReads {
-    global: Arc<Semaphore>,
-    per_key: DashMap<String, Arc<Semaphore>>,
-    per_key_max: usize,
-    keys_max: usize,
-}
-
-/// Slots held by one admitted read.
-#[derive(Debug)]
-pub struct ReadPermit {
-    _key: OwnedSemaphorePermit,
-    _global: OwnedSemaphorePermit,
-}
-
-impl FairReads {
-    /// `total` slots, at most `per_key` for one key, `keys_max` keys tracked.
-    pub fn new(total: usize, per_key: usize, keys_max: usize) -> Self {
-        FairReads {
-            global: Arc::new(Semaphore::new(total.max(1))),
-            per_key: DashMap::new(),
-            per_key_max: per_key.clamp(1, total.max(1)),
-            keys_max: keys_max.max(1),
-        }
-    }
-
-    /// Waits for a slot for `key` (FIFO within the key, then globally).
-    pub async fn admit(&self, key: &str) -> Option<ReadPermit> {
-        let key_sem = self.key_semaphore(key);
-        let k = key_sem.acquire_owned().await.ok()?;
-        let g = self.global.clone().acquire_owned().await.ok()?;
-        Some(ReadPermit {
-            _key: k,
-            _global: g,
-        })
-    }
-
-    fn key_semaphore(&self, key: &str) -> Arc<Semaphore> {
-        if let Some(s) = self.per_key.get(key) {
-            return s.clone();
-        }
-        let key = if self.per_key.len() >= self.keys_max {
-            // Drop keys with nothing in flight before giving up on tracking.
-            self.per_key
-                .retain(|_, s| s.available_permits() < self.per_key_max);
-            if self.per_key.len() >= self.keys_max {
-                "\u{0}overflow"
-            } else {
-                key
-            }
-        } else {
-            key
-        };
-        self.per_key
-            .entry(key.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_key_max)))
-            .clone()
     }
 }
 
@@ -174,14 +111,11 @@ impl BookieService {
         bookie_id: String,
         incarnation: u64,
         limits: GrpcLimits,
+        read_metrics: FairMetrics,
         disk: DiskProbe,
         draining: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        let reads = Arc::new(FairReads::new(
-            limits.reads_in_flight_max,
-            limits.reads_per_key_in_flight_max,
-            limits.fairness_keys_max,
-        ));
+        let reads = Arc::new(FairReads::new(limits.reads.clone(), read_metrics));
         BookieService {
             core,
             bookie_id,
@@ -213,19 +147,25 @@ impl BookieService {
     }
 
     async fn read_one(&self, ledger_id: u64, entry_id: i64, key: &str) -> ReadResult {
-        let Some(_permit) = self.reads.admit(key).await else {
-            return ReadResult {
-                status: StatusCode::TooManyRequests,
-                body: Bytes::new(),
-            };
+        let mut permit = match self.reads.admit(key, 1, 0).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(ledger = ledger_id, entry = entry_id, error = %e, "read refused");
+                return ReadResult {
+                    status: StatusCode::TooManyRequests,
+                    body: Bytes::new(),
+                };
+            }
         };
         let core = self.core.clone();
-        tokio::task::spawn_blocking(move || core.read_entry(ledger_id, entry_id))
+        let r = tokio::task::spawn_blocking(move || core.read_entry(ledger_id, entry_id))
             .await
             .unwrap_or(ReadResult {
                 status: StatusCode::IoError,
                 body: Bytes::new(),
-            })
+            });
+        permit.set_bytes(r.body.len() as u64);
+        r
     }
 }
 
@@ -361,8 +301,21 @@ impl Bookie for BookieService {
         let req = request.into_inner();
         let fence = req.flags & (ReadFlag::Fence as u32) != 0;
         let key = fence.then_some(&req.master_key);
-        let Some(_permit) = self.reads.admit(&req.fairness_key).await else {
-            return Err(Status::unavailable("bookie shutting down"));
+        let mut permit = match self
+            .reads
+            .admit(&req.fairness_key, req.count_max.max(1), req.bytes_max)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(ledger = req.ledger_id, error = %e, "range read refused");
+                return Ok(Response::new(ReadRangeResponse {
+                    status: status_i32(StatusCode::TooManyRequests),
+                    ledger_id: req.ledger_id,
+                    first_entry_id: req.first_entry_id,
+                    bodies: Vec::new(),
+                }));
+            }
         };
         let (status, bodies) = self
             .core
@@ -374,6 +327,8 @@ impl Bookie for BookieService {
                 key,
             )
             .await;
+        permit.set_bytes(bodies.iter().map(|b| b.len() as u64).sum());
+        drop(permit);
         Ok(Response::new(ReadRangeResponse {
             status: status_i32(status),
             ledger_id: req.ledger_id,
@@ -453,35 +408,5 @@ impl Bookie for BookieService {
             total_bytes,
             free_bytes,
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn one_key_cannot_take_every_read_slot() {
-        let fair = FairReads::new(4, 2, 100);
-        let a1 = fair.admit("a").await.unwrap();
-        let a2 = fair.admit("a").await.unwrap();
-        // A third read of "a" waits although global slots are free...
-        let third = tokio::time::timeout(Duration::from_millis(50), fair.admit("a")).await;
-        assert!(third.is_err(), "key a got a third slot");
-        // ...while another key is admitted at once.
-        let b = tokio::time::timeout(Duration::from_millis(50), fair.admit("b")).await;
-        assert!(b.is_ok());
-        drop((a1, a2));
-        assert!(fair.admit("a").await.is_some());
-    }
-
-    #[tokio::test]
-    async fn key_tracking_is_bounded() {
-        let fair = FairReads::new(8, 2, 3);
-        let mut held = Vec::new();
-        for k in ["a", "b", "c", "d", "e"] {
-            held.push(fair.admit(k).await.unwrap());
-        }
-        assert!(fair.per_key.len() <= 4);
     }
 }

@@ -199,6 +199,8 @@ pub async fn run(
         bookie_id.clone(),
         incarnation,
         cfg.grpc_limits(),
+        crate::fair::FairMetrics::new(&registry, "cms_bookie_read_sched")
+            .map_err(|e| ServerError::Io(e.to_string()))?,
         disk.clone(),
         stop_rx.clone(),
     );

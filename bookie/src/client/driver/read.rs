@@ -51,6 +51,8 @@ pub struct ReadHandle {
     inner: Arc<Inner>,
     ledger_id: u64,
     state: Arc<Mutex<State>>,
+    /// Sent with every entry read: bookies schedule reads fairly by it.
+    fairness_key: Arc<str>,
 }
 
 fn nonempty(b: Bytes) -> Option<Bytes> {
@@ -64,7 +66,21 @@ impl ReadHandle {
             inner,
             ledger_id: md.ledger_id,
             state: Arc::new(Mutex::new(State { reader, md })),
+            fairness_key: Arc::from(""),
         })
+    }
+
+    /// This handle with the opaque fairness key its entry reads carry (the
+    /// broker uses the tenant; bookies share read capacity fairly among
+    /// keys). Clones made afterwards keep it; the default is the empty key.
+    pub fn with_fairness_key(mut self, key: &str) -> ReadHandle {
+        self.fairness_key = Arc::from(key);
+        self
+    }
+
+    /// The fairness key entry reads carry.
+    pub fn fairness_key(&self) -> &str {
+        &self.fairness_key
     }
 
     /// The ledger.
@@ -172,9 +188,13 @@ impl ReadHandle {
             .map(|b| {
                 let inner = self.inner.clone();
                 let ledger_id = self.ledger_id;
+                let key = self.fairness_key.clone();
                 async move {
                     let c = inner.pool.get(&b).await.ok()?;
-                    let r = c.read_next(ledger_id, previous, timeout_ms).await.ok()?;
+                    let r = c
+                        .read_next(ledger_id, previous, timeout_ms, &key)
+                        .await
+                        .ok()?;
                     (StatusCode::try_from(r.status) == Ok(StatusCode::Ok)).then_some(())
                 }
             })
@@ -275,7 +295,10 @@ impl ReadHandle {
             Ok(c) => c,
             Err(_) => return (bookie, BookieStatus::Timeout, None),
         };
-        match c.read(self.ledger_id, entry_id, None, "").await {
+        match c
+            .read(self.ledger_id, entry_id, None, &self.fairness_key)
+            .await
+        {
             Ok(r) => {
                 let status = BookieStatus::from_wire(read_status(&r));
                 let body = (status == BookieStatus::Ok).then_some(r.body);
@@ -365,7 +388,9 @@ async fn recover_once(inner: &Arc<Inner>, md: LedgerMetadata) -> Result<Recovere
                     let fence_key = fence.then(|| key.clone());
                     tokio::spawn(async move {
                         let (status, body) = match inner.pool.get(&bookie).await {
-                            Ok(c) => match c.read(ledger_id, entry_id, fence_key, "recovery").await
+                            Ok(c) => match c
+                                .read(ledger_id, entry_id, fence_key, crate::fair::RECOVERY_KEY)
+                                .await
                             {
                                 Ok(r) => {
                                     let s = BookieStatus::from_wire(read_status(&r));
@@ -431,7 +456,10 @@ async fn fence(inner: &Inner, bookie: &str, ledger_id: u64, key: Bytes) -> Fence
     let Ok(c) = inner.pool.get(bookie).await else {
         return timeout;
     };
-    let status = match c.read(ledger_id, -1, Some(key), "recovery").await {
+    let status = match c
+        .read(ledger_id, -1, Some(key), crate::fair::RECOVERY_KEY)
+        .await
+    {
         Ok(r) => BookieStatus::from_wire(read_status(&r)),
         Err(e) => {
             debug!(ledger = ledger_id, bookie, error = %e, "fence failed");

@@ -58,7 +58,7 @@ fn ledger_err(shared: &Shared, e: cms_bookie::client::driver::LedgerError) -> Ml
 /// is empty, gone or unreadable (the node's snapshot is the fallback).
 async fn last_ledger_snapshot(shared: &Shared, id: u64) -> Option<proto::CursorSnapshot> {
     let h = match shared.client.open_ledger(id, true).await {
-        Ok(h) => h,
+        Ok(h) => h.with_fairness_key(super::dispatch_reads::tenant_of(&shared.name)),
         Err(e) => {
             warn!(managed_ledger = %shared.name, ledger = id, error = %e, "cursor ledger not recoverable; using the node's snapshot");
             return None;

@@ -85,6 +85,9 @@ pub struct ManagedLedgerConfig {
     /// creating the next one): backoff and the window after which pending
     /// appends fail with [`MlError::Unavailable`].
     pub ledger_failure_retry: RetryPolicy,
+    /// The broker-wide per-tenant queues bookie reads wait in (share one per
+    /// broker; invariant 8).
+    pub dispatch_reads: super::DispatchReads,
 }
 
 impl Default for ManagedLedgerConfig {
@@ -105,6 +108,7 @@ impl Default for ManagedLedgerConfig {
             read_ahead_entries: 100,
             read_ahead_bytes_max: 4 << 20,
             ledger_failure_retry: RetryPolicy::default(),
+            dispatch_reads: super::DispatchReads::default(),
         }
     }
 }
@@ -156,6 +160,14 @@ pub enum MlError {
     /// terminal: the append was not stored; send it again.
     #[error("storage unavailable, retry: {0}")]
     Unavailable(String),
+    /// The tenant's dispatch read queue is full (invariant 8); retryable.
+    #[error("dispatch reads of tenant {tenant} are queued to their bound, retry: {reason}")]
+    ReadsBusy {
+        /// The tenant.
+        tenant: String,
+        /// The bound reached.
+        reason: String,
+    },
     /// The payload is above what one ledger entry holds; only this append
     /// is refused.
     #[error("entry of {bytes} bytes above the {max}-byte entry bound")]
@@ -451,7 +463,8 @@ impl Shared {
             .client
             .open_ledger(ledger_id, false)
             .await
-            .map_err(MlError::Ledger)?;
+            .map_err(MlError::Ledger)?
+            .with_fairness_key(super::dispatch_reads::tenant_of(&self.name));
         lock(&self.readers).insert(ledger_id, h.clone());
         Ok(h)
     }
@@ -542,7 +555,21 @@ impl Shared {
                 {
                     miss_end += 1;
                 }
+                // Wait for the tenant's turn (its own budget), then read.
+                let tenant = super::dispatch_reads::tenant_of(&self.name);
+                let count = u32::try_from(miss_end - e + 1).unwrap_or(u32::MAX);
+                let mut permit = self
+                    .config
+                    .dispatch_reads
+                    .admit(tenant, count)
+                    .await
+                    .map_err(|r| MlError::ReadsBusy {
+                        tenant: tenant.to_string(),
+                        reason: r.to_string(),
+                    })?;
                 let n = self.read_bookies(ledger_id, e, miss_end).await?;
+                permit.set_bytes(n.iter().map(|x| x.payload.len() as u64).sum());
+                drop(permit);
                 add(&self.config.metrics.bookie_reads, 1);
                 add(
                     &self.config.metrics.cache_misses,
@@ -703,6 +730,7 @@ impl Shared {
             let e = match self.client.open_ledger(id, true).await {
                 Ok(h) => {
                     let last = h.metadata().last_entry_id;
+                    let h = h.with_fairness_key(super::dispatch_reads::tenant_of(&self.name));
                     lock(&self.readers).insert(id, h);
                     return Ok(last);
                 }

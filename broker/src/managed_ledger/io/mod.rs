@@ -31,13 +31,17 @@
 //! rollover, TTL expiry, due cursor snapshots, trimming).
 //!
 //! Catch-up reads bypass the shared cache and read ahead into a bounded
-//! per-cursor buffer.
+//! per-cursor buffer. Every bookie read waits for its tenant's turn in the
+//! broker-wide [`DispatchReads`] queues and carries the tenant as its
+//! fairness key (invariant 8).
 
 pub mod cache;
 mod cursor_io;
+pub mod dispatch_reads;
 pub mod managed_ledger;
 
 pub use cache::EntryCache;
+pub use dispatch_reads::DispatchReads;
 pub use managed_ledger::{
     Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, PublishTimeFn, SeekTarget,
 };
