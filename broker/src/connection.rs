@@ -897,7 +897,7 @@ impl Conn {
                 return;
             }
         };
-        let buckets = self.state.quota.buckets_for(&topic.name);
+        let buckets = self.state.quota.buckets_for(&topic.name).await;
         let name = match c.producer_name.as_deref() {
             Some(n) if !n.is_empty() && c.user_provided_producer_name.unwrap_or(true) => {
                 n.to_string()

@@ -683,7 +683,7 @@ async fn forward(
 ) {
     let mut closing = topic.closing();
     let counter = message_counter();
-    let dispatch_buckets = state.quota.dispatch_buckets_for(&topic.name);
+    let dispatch_buckets = state.quota.dispatch_buckets_for(&topic.name).await;
     loop {
         let d = tokio::select! {
             d = deliveries.recv() => d,

@@ -664,16 +664,13 @@ impl QuotaService {
     }
 
     /// The buckets a producer on `topic` pays into.
-    pub fn buckets_for(&self, topic: &TopicName) -> Vec<Arc<Bucket>> {
-        let mut g = lock(&self.inner);
-        [
+    pub async fn buckets_for(&self, topic: &TopicName) -> Vec<Arc<Bucket>> {
+        self.buckets([
             format!("t:{}", topic.tenant),
             format!("n:{}/{}", topic.tenant, topic.namespace),
             format!("p:{topic}"),
-        ]
-        .into_iter()
-        .map(|k| g.buckets.entry(k).or_default().clone())
-        .collect()
+        ])
+        .await
     }
 
     /// Charges for one SEND of `msgs` messages and `bytes` bytes, counted
@@ -710,16 +707,13 @@ impl QuotaService {
 
     /// The buckets a consumer on `topic` pays into for dispatch (tenant,
     /// namespace, Pulsar's per-topic `topicDispatchRate`).
-    pub fn dispatch_buckets_for(&self, topic: &TopicName) -> Vec<Arc<Bucket>> {
-        let mut g = lock(&self.inner);
-        [
+    pub async fn dispatch_buckets_for(&self, topic: &TopicName) -> Vec<Arc<Bucket>> {
+        self.buckets([
             format!("dt:{}", topic.tenant),
             format!("dn:{}/{}", topic.tenant, topic.namespace),
             format!("dp:{topic}"),
-        ]
-        .into_iter()
-        .map(|k| g.buckets.entry(k).or_default().clone())
-        .collect()
+        ])
+        .await
     }
 
     /// Counts a dispatch (for usage) and returns what it owes `buckets`.
@@ -869,6 +863,17 @@ impl QuotaService {
 
     async fn resize_buckets(&self, loaded: &[Arc<Topic>]) {
         let keys: Vec<String> = lock(&self.inner).buckets.keys().cloned().collect();
+        self.resize(keys).await;
+        // Forget topic buckets of topics no longer loaded.
+        let live: HashSet<String> = loaded.iter().map(|t| t.name.to_string()).collect();
+        lock(&self.inner).buckets.retain(|k, b| {
+            let topic = k.strip_prefix("p:").or_else(|| k.strip_prefix("dp:"));
+            topic.is_none_or(|t| live.contains(t)) || Arc::strong_count(b) > 1
+        });
+    }
+
+    /// Sizes the buckets `keys` from the stored quotas and the reports.
+    async fn resize(&self, keys: Vec<String>) {
         let mut tq_cache: HashMap<String, Quotas> = HashMap::new();
         let mut np_cache: HashMap<String, NamespacePolicies> = HashMap::new();
         let now = now_ms();
@@ -991,12 +996,32 @@ impl QuotaService {
                 b.set(msgs, bytes);
             }
         }
-        // Forget topic buckets of topics no longer loaded.
-        let live: HashSet<String> = loaded.iter().map(|t| t.name.to_string()).collect();
-        lock(&self.inner).buckets.retain(|k, b| {
-            let topic = k.strip_prefix("p:").or_else(|| k.strip_prefix("dp:"));
-            topic.is_none_or(|t| live.contains(t)) || Arc::strong_count(b) > 1
-        });
+    }
+
+    /// The buckets of `keys`, new ones sized at once (not at the next
+    /// interval: a producer never starts unthrottled).
+    async fn buckets(&self, keys: [String; 3]) -> Vec<Arc<Bucket>> {
+        let (buckets, new) = {
+            let mut g = lock(&self.inner);
+            let mut new = Vec::new();
+            let buckets = keys
+                .iter()
+                .map(|k| {
+                    g.buckets
+                        .entry(k.clone())
+                        .or_insert_with(|| {
+                            new.push(k.clone());
+                            Arc::default()
+                        })
+                        .clone()
+                })
+                .collect();
+            (buckets, new)
+        };
+        if !new.is_empty() {
+            self.resize(new).await;
+        }
+        buckets
     }
 
     async fn backlog(&self, topics: &Topics, loaded: &[Arc<Topic>]) {

@@ -1,0 +1,79 @@
+"""Quota checks with the official client against one broker.
+
+Modes:
+  rate      publish --count messages of --size bytes with send_async as fast
+            as the client lets it; prints {"acked", "errors", "seconds"}.
+  producers create producers on --topic until one is refused (at most
+            --count); prints {"created", "error"}.
+  create    create one producer on --topic; prints {"created", "error"}.
+  backlog   subscribe (--sub, no acks), publish --count messages of --size
+            bytes, then print {"acked", "errors"}.
+"""
+import time
+
+import pulsar
+
+import common
+
+p = common.parser(__doc__)
+p.add_argument("--mode", required=True)
+p.add_argument("--count", type=int, default=100)
+p.add_argument("--size", type=int, default=100)
+p.add_argument("--sub", default="quota-sub")
+args = p.parse_args()
+c = common.client(args)
+
+
+def err(e):
+    return f"{type(e).__name__}: {e}"
+
+
+if args.mode == "rate":
+    prod = c.create_producer(args.topic, batching_enabled=False,
+                             max_pending_messages=100, block_if_queue_full=True,
+                             send_timeout_millis=60000)
+    acked = []
+    errors = []
+
+    def cb(res, _mid):
+        if res == pulsar.Result.Ok:
+            acked.append(1)
+        else:
+            errors.append(str(res))
+
+    t0 = time.time()
+    for i in range(args.count):
+        prod.send_async(b"x" * args.size, cb)
+    prod.flush()
+    common.done({"acked": len(acked), "errors": errors, "seconds": time.time() - t0})
+elif args.mode == "producers":
+    made = []
+    error = None
+    for i in range(args.count):
+        try:
+            made.append(c.create_producer(args.topic))
+        except Exception as e:  # noqa: BLE001
+            error = err(e)
+            break
+    common.done({"created": len(made), "error": error})
+elif args.mode == "create":
+    try:
+        c.create_producer(args.topic)
+        common.done({"created": 1, "error": None})
+    except Exception as e:  # noqa: BLE001
+        common.done({"created": 0, "error": err(e)})
+elif args.mode == "backlog":
+    c.subscribe(args.topic, args.sub)
+    prod = c.create_producer(args.topic, batching_enabled=False)
+    acked = 0
+    errors = []
+    for i in range(args.count):
+        try:
+            prod.send(b"y" * args.size)
+            acked += 1
+        except Exception as e:  # noqa: BLE001
+            errors.append(err(e))
+            break
+    common.done({"acked": acked, "errors": errors})
+else:
+    raise SystemExit(f"unknown mode {args.mode}")
