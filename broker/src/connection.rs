@@ -228,7 +228,7 @@ pub struct Conn {
     owed: Vec<crate::quota_io::Charge>,
     /// A topic whose backlog quota holds its producers
     /// (`producer_request_hold`).
-    held: Option<TopicName>,
+    held: Option<Arc<Topic>>,
     /// Socket reads pause until then (publish rate or backlog hold).
     throttle_until: Option<Instant>,
 }
@@ -1049,8 +1049,8 @@ impl Conn {
             u64::try_from(item.entry.len()).unwrap_or(u64::MAX),
         );
         self.owed.extend(charges);
-        if self.state.quota.is_held(&p.topic.name) {
-            self.held = Some(p.topic.name.clone());
+        if self.state.quota.is_held(&p.topic) {
+            self.held = Some(p.topic.clone());
         }
         self.state
             .metrics

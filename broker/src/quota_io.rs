@@ -218,6 +218,9 @@ struct Inner {
     /// `t:<tenant>`, `n:<tenant/ns>`, `p:<topic>`.
     buckets: HashMap<String, Arc<Bucket>>,
     blocked: HashMap<String, Blocked>,
+    /// Loaded topic → its `producer_request_hold` backlog limit (None
+    /// stored when the policy is something else or unset).
+    hold_limits: HashMap<String, Option<u64>>,
     /// Scopes over `storageBytes` (`t:..` / `n:..`) → reason.
     storage_over: HashMap<String, String>,
 }
@@ -558,10 +561,14 @@ impl QuotaService {
                 }
                 let g = lock(&self.inner);
                 if let Some(b) = g.blocked.get(&topic.to_string()) {
-                    return Err((
-                        ServerError::ProducerBlockedQuotaExceededException,
-                        b.reason.clone(),
-                    ));
+                    // Pulsar: ...Error for hold, ...Exception for
+                    // producer_exception; both final at creation (G7).
+                    let code = if b.policy == "producer_request_hold" {
+                        ServerError::ProducerBlockedQuotaExceededError
+                    } else {
+                        ServerError::ProducerBlockedQuotaExceededException
+                    };
+                    return Err((code, b.reason.clone()));
                 }
                 for (scope, k) in [("t:", t.to_string()), ("n:", key.clone())] {
                     if let Some(r) = g.storage_over.get(&format!("{scope}{k}")) {
@@ -749,12 +756,28 @@ impl QuotaService {
         }
     }
 
-    /// Whether `topic`'s producers are held (`producer_request_hold`).
-    pub fn is_held(&self, topic: &TopicName) -> bool {
-        lock(&self.inner)
-            .blocked
-            .get(&topic.to_string())
-            .is_some_and(|b| b.policy == "producer_request_hold")
+    /// Whether `topic`'s producers are held (`producer_request_hold`),
+    /// measured now: the backlog of its slowest subscription against the
+    /// limit last read from the namespace policies (or the policies the
+    /// topic was loaded with, before the first interval).
+    pub fn is_held(&self, topic: &Topic) -> bool {
+        let name = topic.name.to_string();
+        let limit = match lock(&self.inner).hold_limits.get(&name) {
+            Some(l) => *l,
+            None => topic
+                .policies
+                .backlog_quota_map
+                .get("destination_storage")
+                .filter(|q| q.policy == "producer_request_hold")
+                .and_then(|q| u64::try_from(q.limit_size).ok()),
+        };
+        let Some(limit) = limit else {
+            return false;
+        };
+        topic
+            .ml
+            .slowest_cursor_backlog()
+            .is_some_and(|(_, bytes, _)| bytes > limit)
     }
 
     /// One interval: rates, storage, backlog quotas, the report, the other
@@ -1026,6 +1049,7 @@ impl QuotaService {
 
     async fn backlog(&self, topics: &Topics, loaded: &[Arc<Topic>]) {
         let mut blocked = HashMap::new();
+        let mut hold_limits = HashMap::new();
         let mut np_cache: HashMap<String, NamespacePolicies> = HashMap::new();
         for t in loaded {
             let n = format!("{}/{}", t.name.tenant, t.name.namespace);
@@ -1046,7 +1070,13 @@ impl QuotaService {
                     Err(_) => continue,
                 },
             };
-            let Some(q) = p.backlog_quota_map.get("destination_storage") else {
+            let q = p.backlog_quota_map.get("destination_storage");
+            hold_limits.insert(
+                t.name.to_string(),
+                q.filter(|q| q.policy == "producer_request_hold")
+                    .and_then(|q| u64::try_from(q.limit_size).ok()),
+            );
+            let Some(q) = q else {
                 continue;
             };
             let Ok(limit) = u64::try_from(q.limit_size) else {
@@ -1105,6 +1135,7 @@ impl QuotaService {
                 .collect();
             blocked.extend(keep);
             g.blocked = blocked;
+            g.hold_limits = hold_limits;
         }
         self.storage_quotas().await;
     }

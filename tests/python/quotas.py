@@ -8,6 +8,12 @@ Modes:
   create    create one producer on --topic; prints {"created", "error"}.
   backlog   subscribe (--sub, no acks), publish --count messages of --size
             bytes, then print {"acked", "errors"}.
+  hold      subscribe (--sub) on a second client, publish --count messages
+            of --size bytes with send_async, --interval-ms apart; after
+            3 s (at least) record how many were
+            acknowledged ("held_at"), then drain the subscription with acks
+            and wait for every send; prints {"held_at", "acked", "errors",
+            "received"}.
 """
 import time
 
@@ -20,6 +26,8 @@ p.add_argument("--mode", required=True)
 p.add_argument("--count", type=int, default=100)
 p.add_argument("--size", type=int, default=100)
 p.add_argument("--sub", default="quota-sub")
+p.add_argument("--interval-ms", type=int, default=10,
+               help="hold: pause between sends")
 args = p.parse_args()
 c = common.client(args)
 
@@ -75,5 +83,38 @@ elif args.mode == "backlog":
             errors.append(err(e))
             break
     common.done({"acked": acked, "errors": errors})
+elif args.mode == "hold":
+    c2 = common.client(args)
+    cons = c2.subscribe(args.topic, args.sub)
+    prod = c.create_producer(args.topic, batching_enabled=False,
+                             max_pending_messages=args.count,
+                             send_timeout_millis=60000)
+    acked = []
+    errors = []
+
+    def cb(res, _mid):
+        if res == pulsar.Result.Ok:
+            acked.append(1)
+        else:
+            errors.append(str(res))
+
+    t0 = time.time()
+    for i in range(args.count):
+        prod.send_async(b"h" * args.size, cb)
+        time.sleep(args.interval_ms / 1000)
+    time.sleep(max(0.0, 3 - (time.time() - t0)))
+    held_at = len(acked)
+    received = 0
+    deadline = time.time() + 30
+    while (len(acked) + len(errors) < args.count or received < args.count) \
+            and time.time() < deadline:
+        try:
+            m = cons.receive(timeout_millis=500)
+            cons.acknowledge(m)
+            received += 1
+        except pulsar.Timeout:
+            pass
+    common.done({"held_at": held_at, "acked": len(acked), "errors": errors,
+                 "received": received})
 else:
     raise SystemExit(f"unknown mode {args.mode}")
