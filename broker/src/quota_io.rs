@@ -15,8 +15,9 @@
 //! - **Usage sharing**: every [`REPORT_INTERVAL_MS`] the broker writes its
 //!   per-tenant and per-namespace usage to the ephemeral node
 //!   `<root>/quota-usage/<broker id>`, reads the other brokers' nodes and
-//!   resizes its buckets to its share ([`crate::quota::allocate`]), so the
-//!   sum over brokers stays within the quota.
+//!   resizes its buckets to its share ([`crate::quota::allocate`], every
+//!   broker with a fresh report taking part, idle ones at the floor), so
+//!   the sum over brokers stays within the quota from the first interval.
 //! - **Backlog quota** (Pulsar's `backlog_quota_map.destination_storage`)
 //!   and `storageBytes`: checked every interval on loaded topics;
 //!   `producer_request_hold` pauses the producers' connections,
@@ -919,7 +920,7 @@ impl QuotaService {
                 let share = |quota: Option<u64>, f: fn(&Usage) -> u64| {
                     quota.map(|q| {
                         let u = crate::quota::usage_by_broker(&g.reports, now, |r| {
-                            r.tenants.get(t).map(f)
+                            Some(r.tenants.get(t).map_or(0, f))
                         });
                         allocate(q, &self.broker_id, &u)
                     })
@@ -954,7 +955,7 @@ impl QuotaService {
                 let share = |quota: Option<u64>, f: fn(&Usage) -> u64| {
                     quota.map(|q| {
                         let u = crate::quota::usage_by_broker(&g.reports, now, |r| {
-                            r.namespaces.get(n).map(f)
+                            Some(r.namespaces.get(n).map_or(0, f))
                         });
                         allocate(q, &self.broker_id, &u)
                     })

@@ -4,11 +4,15 @@
 //! publish rate is slowed to the rate with no error; counts (producers,
 //! consumers, connections, topics, queues) refused at the limit with the
 //! quota named; the backlog quota's `producer_exception` refuses the
-//! producer with ProducerBlockedQuotaExceededException.
+//! producer with ProducerBlockedQuotaExceededException, `producer_request_hold`
+//! holds sends until the consumer drains, `consumer_backlog_eviction` drops
+//! the oldest backlog; a tenant's publish-rate quota holds within 10 % across
+//! two namespaces served by two brokers (ZooKeeper cluster mode).
 
 use cms_client::proto::commands;
 use cms_client::proto::pulsar::command_subscribe::{InitialPosition, SubType};
-use cms_tests::cluster::{BrokerNode, RawPulsarClient, run_python};
+use cms_tests::cluster::{BrokerNode, RawPulsarClient, run_python, start_bookies};
+use cms_tests::harness::zookeeper::ZooKeeper;
 use serde_json::{Value, json};
 
 async fn admin(
@@ -172,6 +176,7 @@ async fn publish_rate_slows_the_producer_without_errors() {
     assert_eq!(run.json["errors"], json!([]), "{}", run.json);
     let secs = run.json["seconds"].as_f64().unwrap();
     let rate = 400.0 / secs;
+    eprintln!("namespace quota 100/s: {rate:.1}/s over {secs:.2} s");
     assert!(
         (70.0..=115.0).contains(&rate),
         "rate {rate:.1}/s over {secs:.2} s, quota 100/s"
@@ -422,4 +427,104 @@ async fn backlog_eviction_drops_the_oldest_backlog() {
     .await;
     let (_, last) = admin(&broker, reqwest::Method::GET, stats, None).await;
     assert!(fits.is_some(), "backlog not evicted: {last}");
+}
+
+/// The owner's `pulsar://` URL of `topic` (`t/ns/local`) through the HTTP
+/// lookup of the broker at `http` (redirects followed).
+async fn owner(http: std::net::SocketAddr, topic: &str) -> String {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let v: Value = client
+        .get(format!("http://{http}/lookup/v2/topic/persistent/{topic}"))
+        .send()
+        .await
+        .expect("lookup")
+        .json()
+        .await
+        .expect("lookup JSON");
+    v["brokerUrl"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no brokerUrl in {v}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_publish_quota_holds_across_two_brokers_and_namespaces() {
+    let zk = ZooKeeper::start().await;
+    let zks = zk.connect_string();
+    let _bookies = start_bookies(&zks, 3).await;
+    let a = BrokerNode::start_cluster("broker-a", &zks, &[]).await;
+    let b = BrokerNode::start_cluster("broker-b", &zks, &[]).await;
+    setup_tenant(&a, "qcl", &["ns1", "ns2"]).await;
+    const QUOTA: f64 = 200.0;
+    let (st, v) = admin(
+        &a,
+        reqwest::Method::POST,
+        "/admin/v2/tenants/qcl/quotas",
+        Some(json!({"publishRateInMsgs": QUOTA as u64})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    // One topic of ns1 owned by broker a, one of ns2 owned by broker b
+    // (bundles are placed on the least-loaded broker; look up candidates).
+    let mut on_a = None;
+    let mut on_b = None;
+    for i in 0..64 {
+        if on_a.is_none() {
+            let t = format!("qcl/ns1/t{i}");
+            if owner(a.http(), &t).await == a.service_url() {
+                on_a = Some(t);
+            }
+        }
+        if on_b.is_none() {
+            let t = format!("qcl/ns2/t{i}");
+            if owner(a.http(), &t).await == b.service_url() {
+                on_b = Some(t);
+            }
+        }
+        if on_a.is_some() && on_b.is_some() {
+            break;
+        }
+    }
+    let (ta, tb) = (
+        format!("persistent://{}", on_a.expect("a topic of ns1 on broker a")),
+        format!("persistent://{}", on_b.expect("a topic of ns2 on broker b")),
+    );
+    // Each producer alone would go at full speed; together they must share
+    // 200/s: 1200 messages take about 6 s.
+    const EACH: u64 = 600;
+    let (ua, ub) = (a.service_url(), b.service_url());
+    let count = EACH.to_string();
+    let args_a = args(&ua, &ta, "rate", &["--count", &count]);
+    let args_b = args(&ub, &tb, "rate", &["--count", &count]);
+    let (ra, rb) = tokio::join!(
+        run_python("quotas.py", &args_a, 60_000),
+        run_python("quotas.py", &args_b, 60_000),
+    );
+    for r in [&ra, &rb] {
+        assert!(r.ok, "{}\n{}", r.json, r.stderr);
+        assert_eq!(r.json["acked"], EACH, "{}", r.json);
+        assert_eq!(r.json["errors"], json!([]), "{}", r.json);
+    }
+    let secs = ra.json["seconds"]
+        .as_f64()
+        .unwrap()
+        .max(rb.json["seconds"].as_f64().unwrap());
+    let rate = (2 * EACH) as f64 / secs;
+    eprintln!("tenant quota {QUOTA}/s: aggregate {rate:.1}/s over {secs:.2} s");
+    assert!(
+        rate <= QUOTA * 1.1,
+        "aggregate {rate:.1}/s over {secs:.2} s above the tenant quota {QUOTA}/s + 10 %: {} {}",
+        ra.json,
+        rb.json
+    );
+    // Not starved either (shares move to where the load is).
+    assert!(
+        rate >= QUOTA * 0.6,
+        "aggregate {rate:.1}/s over {secs:.2} s: {} {}",
+        ra.json,
+        rb.json
+    );
 }
