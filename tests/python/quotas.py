@@ -53,7 +53,11 @@ if args.mode == "rate":
     for i in range(args.count):
         prod.send_async(b"x" * args.size, cb)
     prod.flush()
-    common.done({"acked": len(acked), "errors": errors, "seconds": time.time() - t0})
+    seconds = time.time() - t0
+    # Closed before exit: the C++ client may abort when torn down at exit.
+    prod.close()
+    c.close()
+    common.done({"acked": len(acked), "errors": errors, "seconds": seconds})
 elif args.mode == "producers":
     made = []
     error = None
@@ -63,13 +67,18 @@ elif args.mode == "producers":
         except Exception as e:  # noqa: BLE001
             error = err(e)
             break
+    for m in made:
+        m.close()
+    c.close()
     common.done({"created": len(made), "error": error})
 elif args.mode == "create":
     try:
-        c.create_producer(args.topic)
-        common.done({"created": 1, "error": None})
+        c.create_producer(args.topic).close()
+        result = {"created": 1, "error": None}
     except Exception as e:  # noqa: BLE001
-        common.done({"created": 0, "error": err(e)})
+        result = {"created": 0, "error": err(e)}
+    c.close()
+    common.done(result)
 elif args.mode == "backlog":
     c.subscribe(args.topic, args.sub)
     prod = c.create_producer(args.topic, batching_enabled=False)
@@ -82,6 +91,7 @@ elif args.mode == "backlog":
         except Exception as e:  # noqa: BLE001
             errors.append(err(e))
             break
+    c.close()
     common.done({"acked": acked, "errors": errors})
 elif args.mode == "hold":
     c2 = common.client(args)
@@ -114,6 +124,8 @@ elif args.mode == "hold":
             received += 1
         except pulsar.Timeout:
             pass
+    c.close()
+    c2.close()
     common.done({"held_at": held_at, "acked": len(acked), "errors": errors,
                  "received": received})
 else:
