@@ -818,8 +818,8 @@ impl QuotaService {
                         c.dispatched_msgs,
                         c.dispatched_bytes,
                     ];
-                    for i in 0..4 {
-                        c.rates[i] = ((now[i] - c.last[i]) as f64 / secs).round() as u64;
+                    for ((rate, n), last) in c.rates.iter_mut().zip(now).zip(c.last) {
+                        *rate = (n.saturating_sub(last) as f64 / secs).round() as u64;
                     }
                     c.last = now;
                     c.storage_bytes = storage.get(k).copied().unwrap_or(0);
@@ -902,10 +902,10 @@ impl QuotaService {
         let mut np_cache: HashMap<String, NamespacePolicies> = HashMap::new();
         let now = now_ms();
         for k in keys {
+            // `d` prefixes the dispatch buckets of the same scopes.
             let dispatch = k.starts_with('d');
-            let kk = k.strip_prefix('d').unwrap_or(&k).to_string();
-            let k2 = kk;
-            let (msgs, bytes) = if let Some(t) = k2.strip_prefix("t:") {
+            let scope = k.strip_prefix('d').unwrap_or(&k);
+            let (msgs, bytes) = if let Some(t) = scope.strip_prefix("t:") {
                 let q = match tq_cache.get(t) {
                     Some(q) => *q,
                     None => match tenant_quotas(&*self.store, &self.layout, t).await {
@@ -936,7 +936,7 @@ impl QuotaService {
                         share(q.publish_rate_in_bytes, |u| u.publish_rate_in_bytes),
                     )
                 }
-            } else if let Some(n) = k2.strip_prefix("n:") {
+            } else if let Some(n) = scope.strip_prefix("n:") {
                 let Some((t, ns)) = n.split_once('/') else {
                     continue;
                 };
@@ -971,7 +971,7 @@ impl QuotaService {
                         share(q.publish_rate_in_bytes, |u| u.publish_rate_in_bytes),
                     )
                 }
-            } else if let Some(name) = k2.strip_prefix("p:") {
+            } else if let Some(name) = scope.strip_prefix("p:") {
                 // Pulsar's per-topic publish rate of the namespace policy.
                 let Ok(tn) = TopicName::parse(name) else {
                     continue;
