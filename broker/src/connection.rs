@@ -429,8 +429,10 @@ impl Conn {
     /// Pays what SENDs owe the publish-rate buckets and checks a backlog
     /// hold; sets when socket reads may resume (None: now).
     fn update_throttle(&mut self) {
+        // Released when the backlog fits again or the topic goes (its
+        // producers are closed with it).
         if let Some(t) = &self.held
-            && !self.state.quota.is_held(t)
+            && (!self.state.quota.is_held(t) || *t.closing().borrow())
         {
             self.held = None;
         }
