@@ -895,6 +895,7 @@ impl Conn {
             Ok(a) => a,
             Err(e) => {
                 info!(tenant = %topic.name.tenant, namespace = %topic.name.namespace, topic = %topic.name, reason = %e.1, "producer refused by a quota");
+                self.state.metrics.quota_refusals.inc();
                 self.send_error(c.request_id, e).await;
                 return;
             }

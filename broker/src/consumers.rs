@@ -560,6 +560,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             Ok(a) => a,
             Err(e) => {
                 info!(tenant = %topic.name.tenant, namespace = %topic.name.namespace, topic = %topic.name, reason = %e.1, "consumer refused by a quota");
+                conn.state.metrics.quota_refusals.inc();
                 conn.send_error(c.request_id, e).await;
                 return;
             }

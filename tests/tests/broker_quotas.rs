@@ -314,6 +314,16 @@ async fn counts_are_refused_at_the_limit_naming_the_quota() {
     c1.send(commands::producer(topic, 1, 3, None)).await;
     let got = c1.recv().await.expect("answer");
     assert!(got.producer_success.is_some(), "{got:?}");
+    // Refusals are counted: producers (1), auto-created topic (not a
+    // handle refusal), consumer (1), connection (1).
+    let refused =
+        cms_tests::cluster::metric_value(broker.http(), "cms_broker_quota_refusals_total")
+            .await
+            .unwrap_or(0.0);
+    assert!(
+        refused >= 3.0,
+        "cms_broker_quota_refusals_total = {refused}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
