@@ -1258,3 +1258,72 @@ pub async fn run(
         last = now;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn charge(b: &Arc<Bucket>, msgs: u64, bytes: u64) -> Charge {
+        Charge {
+            bucket: b.clone(),
+            msgs,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn an_unlimited_bucket_never_waits() {
+        let b = Arc::new(Bucket::default());
+        let mut owed = vec![charge(&b, 1_000_000, 1 << 30)];
+        assert_eq!(pay(&mut owed), None);
+        assert!(owed.is_empty());
+    }
+
+    #[test]
+    fn a_bucket_starts_empty_and_charges_batches_in_chunks() {
+        // Empty at start: the first message already waits (up to 1 s at 1/s).
+        let slow = Arc::new(Bucket::default());
+        slow.set(Some(1), None);
+        let mut owed = vec![charge(&slow, 1, 0)];
+        let w = pay(&mut owed).expect("a fresh bucket is empty");
+        assert!(w <= Duration::from_secs(1), "{w:?}");
+        assert_eq!(owed.len(), 1);
+        let b = Arc::new(Bucket::default());
+        b.set(Some(100), None);
+        // A batch larger than the burst (10) is paid in chunks: still owed
+        // after one wait, never refused as too large.
+        std::thread::sleep(Duration::from_millis(150));
+        let mut owed = vec![charge(&b, 50, 0)];
+        assert!(pay(&mut owed).is_some());
+        assert!(owed[0].msgs < 50 && owed[0].msgs > 0, "{}", owed[0].msgs);
+    }
+
+    #[test]
+    fn a_resize_replaces_the_rate_and_keeps_no_burst() {
+        let b = Arc::new(Bucket::default());
+        b.set(Some(1000), Some(1_000_000));
+        assert_eq!(b.rates(), (Some(1000), Some(1_000_000)));
+        std::thread::sleep(Duration::from_millis(200));
+        b.set(Some(1), Some(1_000_000));
+        let mut owed = vec![charge(&b, 1, 0)];
+        assert!(pay(&mut owed).is_some(), "a resized bucket starts empty");
+        // The same rates again change nothing.
+        b.set(Some(1), Some(1_000_000));
+        assert_eq!(b.rates(), (Some(1), Some(1_000_000)));
+        b.set(None, None);
+        let mut owed = vec![charge(&b, 1_000, 1_000)];
+        assert_eq!(pay(&mut owed), None);
+    }
+
+    #[test]
+    fn bytes_are_charged_after_messages() {
+        let b = Arc::new(Bucket::default());
+        b.set(None, Some(1000));
+        std::thread::sleep(Duration::from_millis(150));
+        // 100 bytes fit the refilled 0.1 s burst; 10,000 more must wait.
+        let mut owed = vec![charge(&b, 5, 100)];
+        assert_eq!(pay(&mut owed), None);
+        let mut owed = vec![charge(&b, 5, 10_000)];
+        assert!(pay(&mut owed).is_some());
+    }
+}
