@@ -389,6 +389,7 @@ async fn backlog_hold_pauses_sends_until_the_consumer_drains() {
     .await;
     assert!(run.ok, "{}\n{}", run.json, run.stderr);
     // Held: well short of all 200 after 3 s (200 KB against a 20 KB quota).
+    eprintln!("hold: {}", run.json);
     let held_at = run.json["held_at"].as_u64().unwrap();
     assert!(held_at < 100, "{}", run.json);
     // Resumed once drained: every send acknowledged, none failed.
