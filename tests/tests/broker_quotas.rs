@@ -346,12 +346,25 @@ async fn backlog_producer_exception_refuses_the_producer() {
             &url,
             topic,
             "backlog",
-            &["--count", "100", "--size", "1000"],
+            &["--count", "20000", "--size", "1000"],
         ),
         60_000,
     )
     .await;
     assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    eprintln!("producer_exception: {}", run.json);
+    // The running producer is disconnected once the topic is over its
+    // quota, and its re-creation is refused: its sends fail with the quota
+    // error (not a SEND_ERROR / connection drop).
+    let acked = run.json["acked"].as_u64().unwrap();
+    assert!(acked < 20000, "{}", run.json);
+    assert!(
+        run.json["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("ProducerBlockedQuota")),
+        "{}",
+        run.json
+    );
     // Within a few report intervals the topic is over its quota and a new
     // producer is refused with the quota error (never a SEND_ERROR).
     let refused = cms_tests::harness::wait::within(10_000, || async {
