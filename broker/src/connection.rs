@@ -114,6 +114,8 @@ pub async fn check_topic_name(state: &BrokerState, topic: &str) -> Result<TopicN
 
 /// Lookups answered at once per connection.
 pub const LOOKUPS_PER_CONNECTION_MAX: usize = 64;
+/// How often a connection held by a backlog quota checks it again, in ms.
+pub const HOLD_RECHECK_MS: u64 = 100;
 
 /// The LOOKUP_RESPONSE for `c`: Connect, authoritative Redirect (G10) or Failed.
 async fn lookup_reply(state: &BrokerState, c: &CommandLookupTopic) -> BaseCommand {
@@ -188,6 +190,10 @@ struct ProducerEntry {
     sends: mpsc::Sender<SendItem>,
     /// The schema version PRODUCER_SUCCESS carried (None without a schema).
     schema_version: Option<Bytes>,
+    /// Its place in the tenant's and namespace's counts.
+    _quota: crate::quota_io::Admission,
+    /// The publish-rate buckets it pays into.
+    buckets: Vec<Arc<crate::quota_io::Bucket>>,
 }
 
 /// `cmd` (a PRODUCER_SUCCESS) carrying the producer's schema version.
@@ -218,6 +224,13 @@ pub struct Conn {
     generation: u64,
     publish_permits: Arc<Semaphore>,
     lookup_permits: Arc<Semaphore>,
+    /// What received SENDs still owe the publish-rate buckets.
+    owed: Vec<crate::quota_io::Charge>,
+    /// A topic whose backlog quota holds its producers
+    /// (`producer_request_hold`).
+    held: Option<Arc<Topic>>,
+    /// Socket reads pause until then (publish rate or backlog hold).
+    throttle_until: Option<Instant>,
 }
 
 /// Why the reader task stops.
@@ -284,6 +297,9 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
             state.config.pending_publishes_per_connection_max,
         )),
         lookup_permits: Arc::new(Semaphore::new(LOOKUPS_PER_CONNECTION_MAX)),
+        owed: Vec::new(),
+        held: None,
+        throttle_until: None,
     };
     let keep_alive = Duration::from_secs(state.config.keep_alive_interval_s);
     // Checked four times per interval so a PING goes out within a quarter
@@ -307,7 +323,9 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
                     Err(_) => break CloseReason::Gone,
                 }
             }
-            frame = reader.next(), if reserved.is_some() => {
+            _ = tokio::time::sleep_until(conn.throttle_until.unwrap_or_else(Instant::now).into()),
+                if conn.throttle_until.is_some() => conn.update_throttle(),
+            frame = reader.next(), if reserved.is_some() && conn.throttle_until.is_none() => {
                 last_rx = Instant::now();
                 match frame {
                     None => break CloseReason::Gone,
@@ -320,12 +338,13 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
                         if let Err(why) = conn.on_frame(frame, &mut reserved).await {
                             break why;
                         }
+                        conn.update_throttle();
                     }
                 }
             }
             _ = ticker.tick() => {
                 let idle = last_rx.elapsed();
-                let reading = reserved.is_some();
+                let reading = reserved.is_some() && conn.throttle_until.is_none();
                 if reading && idle >= keep_alive * 2 {
                     break CloseReason::Idle;
                 }
@@ -405,6 +424,24 @@ impl Conn {
     pub fn next_generation(&mut self) -> u64 {
         self.generation += 1;
         self.generation
+    }
+
+    /// Pays what SENDs owe the publish-rate buckets and checks a backlog
+    /// hold; sets when socket reads may resume (None: now).
+    fn update_throttle(&mut self) {
+        // Released when the backlog fits again or the topic goes (its
+        // producers are closed with it).
+        if let Some(t) = &self.held
+            && (!self.state.quota.is_held(t) || *t.closing().borrow())
+        {
+            self.held = None;
+        }
+        let wait = crate::quota_io::pay(&mut self.owed);
+        self.throttle_until = match (wait, &self.held) {
+            (Some(w), _) => Some(Instant::now() + w.max(Duration::from_millis(1))),
+            (None, Some(_)) => Some(Instant::now() + Duration::from_millis(HOLD_RECHECK_MS)),
+            (None, None) => None,
+        };
     }
 
     /// Producers plus consumers on this connection.
@@ -843,6 +880,27 @@ impl Conn {
                     return;
                 }
             };
+        let quota = match self
+            .state
+            .quota
+            .admit(
+                self.id,
+                &topic.name,
+                crate::quota_io::Kind::Producer,
+                topic.producers_connected().len() as u64,
+                None,
+            )
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                info!(tenant = %topic.name.tenant, namespace = %topic.name.namespace, topic = %topic.name, reason = %e.1, "producer refused by a quota");
+                self.state.metrics.quota_refusals.inc();
+                self.send_error(c.request_id, e).await;
+                return;
+            }
+        };
+        let buckets = self.state.quota.buckets_for(&topic.name).await;
         let name = match c.producer_name.as_deref() {
             Some(n) if !n.is_empty() && c.user_provided_producer_name.unwrap_or(true) => {
                 n.to_string()
@@ -969,6 +1027,8 @@ impl Conn {
                 ready,
                 sends: sends_tx,
                 schema_version,
+                _quota: quota,
+                buckets,
             },
         );
     }
@@ -985,6 +1045,16 @@ impl Conn {
             return;
         }
         self.state.metrics.messages_in.inc_by(item.num_messages);
+        let charges = self.state.quota.on_publish(
+            &p.topic.name,
+            &p.buckets,
+            item.num_messages,
+            u64::try_from(item.entry.len()).unwrap_or(u64::MAX),
+        );
+        self.owed.extend(charges);
+        if self.state.quota.is_held(&p.topic) {
+            self.held = Some(p.topic.clone());
+        }
         self.state
             .metrics
             .bytes_in

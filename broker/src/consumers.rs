@@ -60,6 +60,8 @@ struct ConsumerEntry {
     generation: u64,
     name: String,
     sub_type: SubType,
+    /// Its place in the tenant's and namespace's counts.
+    _quota: crate::quota_io::Admission,
 }
 
 /// The consumers of one connection.
@@ -534,6 +536,36 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         conn.send_error(c.request_id, e).await;
         return;
     }
+    let quota = {
+        let subs = topic.subscriptions.try_open_now().unwrap_or_default();
+        let on_topic: usize = subs.iter().map(|s| s.consumer_count()).sum();
+        let on_sub = subs
+            .iter()
+            .find(|s| s.name() == c.subscription)
+            .map_or(0, |s| s.consumer_count());
+        let new_sub = !topic.subscriptions.contains(&c.subscription).await
+            && !topic.ml.has_cursor(&c.subscription);
+        match conn
+            .state
+            .quota
+            .admit(
+                conn.id,
+                &topic.name,
+                crate::quota_io::Kind::Consumer,
+                on_topic as u64,
+                Some((on_sub as u64, new_sub, subs.len() as u64)),
+            )
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                info!(tenant = %topic.name.tenant, namespace = %topic.name.namespace, topic = %topic.name, reason = %e.1, "consumer refused by a quota");
+                conn.state.metrics.quota_refusals.inc();
+                conn.send_error(c.request_id, e).await;
+                return;
+            }
+        }
+    };
     let initial = match c
         .initial_position
         .map(command_subscribe::InitialPosition::try_from)
@@ -634,6 +666,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             generation,
             name,
             sub_type,
+            _quota: quota,
         },
     );
 }
@@ -651,6 +684,7 @@ async fn forward(
 ) {
     let mut closing = topic.closing();
     let counter = message_counter();
+    let dispatch_buckets = state.quota.dispatch_buckets_for(&topic.name).await;
     loop {
         let d = tokio::select! {
             d = deliveries.recv() => d,
@@ -678,10 +712,17 @@ async fn forward(
                     // Batch-index acks: the client skips the acked messages.
                     m.ack_set = ack_set;
                 }
-                state
-                    .metrics
-                    .messages_out
-                    .inc_by(u64::from(counter(&entry)));
+                let msgs = u64::from(counter(&entry));
+                let bytes = u64::try_from(entry.len()).unwrap_or(u64::MAX);
+                // Dispatch-rate quotas: this consumer waits (its queue
+                // fills, the subscription stops giving it entries).
+                let mut owed = state
+                    .quota
+                    .on_dispatch(&topic.name, &dispatch_buckets, msgs, bytes);
+                while let Some(w) = crate::quota_io::pay(&mut owed) {
+                    tokio::time::sleep(w.max(std::time::Duration::from_millis(1))).await;
+                }
+                state.metrics.messages_out.inc_by(msgs);
                 state
                     .metrics
                     .bytes_out

@@ -24,6 +24,9 @@
 //! - [`ownership`] — namespace bundles, ownership nodes, lookup decisions,
 //!   load reports and placement;
 //! - [`admin`] — the admin REST API (`/admin/v2`);
+//! - [`quota`], [`quota_io`] — tenant / namespace quotas: the pure model and
+//!   allocation, and their enforcement (rates, counts, backlog policies,
+//!   usage shared across brokers);
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
 pub mod admin;
@@ -41,6 +44,8 @@ pub mod ownership;
 pub mod partitioned;
 pub mod policy_refresh;
 pub mod producers;
+pub mod quota;
+pub mod quota_io;
 pub mod schema;
 pub mod service;
 pub mod standalone;

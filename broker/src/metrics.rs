@@ -20,6 +20,8 @@ pub struct BrokerMetrics {
     pub connections_refused: IntCounter,
     /// Connections closed because of bad input (decode error, protocol violation).
     pub connections_bad_input: IntCounter,
+    /// Producers and consumers refused by a quota or a count policy.
+    pub quota_refusals: IntCounter,
     /// Connected producers.
     pub producers: IntGauge,
     /// Connected consumers.
@@ -78,6 +80,13 @@ impl BrokerMetrics {
                 counter(
                     "cms_broker_connections_bad_input_total",
                     "Connections closed because of malformed input or a protocol violation",
+                )?,
+            )?,
+            quota_refusals: reg(
+                r,
+                counter(
+                    "cms_broker_quota_refusals_total",
+                    "Producers and consumers refused by a tenant / namespace quota or count policy",
                 )?,
             )?,
             producers: reg(r, gauge("cms_broker_producers", "Connected producers")?)?,

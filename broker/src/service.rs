@@ -71,6 +71,8 @@ pub struct BrokerState {
     pub ownership: Arc<Ownership>,
     /// Metrics.
     pub metrics: BrokerMetrics,
+    /// Tenant / namespace quotas (docs/quotas.md).
+    pub quota: Arc<crate::quota_io::QuotaService>,
     /// The registry behind `/metrics`.
     pub registry: prometheus::Registry,
     /// Cluster name (from `/cms/cluster`).
@@ -286,7 +288,7 @@ pub async fn run(
     let ownership = Ownership::new(
         OwnershipConfig {
             enabled: mode == Mode::Cluster,
-            broker_id,
+            broker_id: broker_id.clone(),
             registration_path: reg_path.clone(),
             service_url: service_url.clone(),
             http_url: http_url.clone(),
@@ -307,6 +309,7 @@ pub async fn run(
     topics.set_ownership(&ownership);
     ownership.start();
     let mut fatal = ownership.fatal_signal();
+    let quota = crate::quota_io::QuotaService::new(broker_id, store.clone(), layout.clone());
     let state = Arc::new(BrokerState {
         config,
         mode,
@@ -317,6 +320,7 @@ pub async fn run(
         topics: topics.clone(),
         ownership: ownership.clone(),
         metrics,
+        quota,
         registry,
         cluster_name: cluster.name.clone(),
         service_url: service_url.clone(),
@@ -334,6 +338,12 @@ pub async fn run(
         topics.clone(),
         store.clone(),
         state.layout.clone(),
+        state.shutdown_signal(),
+    ));
+
+    tokio::spawn(crate::quota_io::run(
+        state.quota.clone(),
+        topics.clone(),
         state.shutdown_signal(),
     ));
 

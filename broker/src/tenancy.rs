@@ -33,6 +33,10 @@ pub struct TenantInfo {
     /// Clusters the tenant may use.
     #[serde(default)]
     pub allowed_clusters: Vec<String>,
+    /// CMS: the tenant's quotas (docs/quotas.md; cluster-wide), set through
+    /// `/admin/v2/tenants/{t}/quotas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<crate::quota::Quotas>,
 }
 
 /// Content of `/cms/admin/namespaces/<t>/<ns>`: Pulsar's namespace
@@ -124,6 +128,10 @@ pub struct NamespacePolicies {
     /// Whether producers may add schema versions (Pulsar default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_allow_auto_update_schema: Option<bool>,
+    /// CMS: the namespace's quotas (docs/quotas.md), set through
+    /// `/admin/v2/namespaces/{t}/{ns}/quotas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<crate::quota::Quotas>,
 }
 
 /// Pulsar's `AutoTopicCreationOverride` (JSON
@@ -314,6 +322,9 @@ impl NamespacePolicies {
         }
         if let Some(s) = &self.schema_compatibility_strategy {
             crate::schema::Strategy::parse(s)?;
+        }
+        if let Some(q) = &self.quotas {
+            q.validate()?;
         }
         if let Some(b) = &self.bundles
             && (b.num_bundles == 0 || b.num_bundles > BUNDLES_MAX)
@@ -513,6 +524,7 @@ pub async fn init_cluster(
     let tenant = TenantInfo {
         admin_roles: Vec::new(),
         allowed_clusters: vec![cluster_name.to_string()],
+        quotas: None,
     };
     let tenant_json = serde_json::to_vec(&tenant).map_err(|e| TenancyError::Corrupt {
         path: tenant_path(layout, PUBLIC_TENANT),

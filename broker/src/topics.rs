@@ -402,6 +402,21 @@ impl Topics {
                 partitions: 1,
             })
             .allowed;
+        if auto && create {
+            // A topic created now counts against maxTopics.
+            let path = node_path(&ctx.layout, &ml_name)
+                .map_err(|e| TopicError::NotFound(e.to_string()))?;
+            if matches!(ctx.store.exists(&path).await, Ok(None)) {
+                crate::quota_io::check_new_topic(
+                    &*ctx.store,
+                    &ctx.layout,
+                    &name.tenant,
+                    &name.namespace,
+                )
+                .await
+                .map_err(TopicError::NotAllowed)?;
+            }
+        }
         if !auto || !create {
             let path = node_path(&ctx.layout, &ml_name)
                 .map_err(|e| TopicError::NotFound(e.to_string()))?;

@@ -20,6 +20,7 @@ pub mod clusters;
 pub mod names;
 pub mod namespaces;
 pub mod queues;
+pub mod quotas;
 pub mod schemas;
 pub mod store;
 pub mod tenants;
@@ -268,12 +269,23 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
     ("PUT", "/admin/v2/tenants/{tenant}"),
     ("POST", "/admin/v2/tenants/{tenant}"),
     ("DELETE", "/admin/v2/tenants/{tenant}"),
+    ("GET", "/admin/v2/tenants/{tenant}/quotas"),
+    ("POST", "/admin/v2/tenants/{tenant}/quotas"),
+    ("DELETE", "/admin/v2/tenants/{tenant}/quotas"),
+    ("GET", "/admin/v2/tenants/{tenant}/quotas/usage"),
     ("GET", "/admin/v2/namespaces/{tenant}"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}"),
     ("PUT", "/admin/v2/namespaces/{tenant}/{namespace}"),
     ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/topics"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/ownership"),
+    ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/quotas"),
+    ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/quotas"),
+    ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/quotas"),
+    (
+        "GET",
+        "/admin/v2/namespaces/{tenant}/{namespace}/quotas/usage",
+    ),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}"),
     ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}"),
     (
@@ -439,6 +451,7 @@ fn table() -> Table {
     use clusters as c;
     use namespaces as n;
     use queues as q;
+    use quotas as qt;
     use schemas as sc;
     use tenants as t;
     use topics as tp;
@@ -462,12 +475,20 @@ fn table() -> Table {
     .add("PUT", "/admin/v2/tenants/{tenant}", t::create)
     .add("POST", "/admin/v2/tenants/{tenant}", t::update)
     .add("DELETE", "/admin/v2/tenants/{tenant}", t::delete)
+    .add("GET", "/admin/v2/tenants/{tenant}/quotas", qt::get_tenant)
+    .add("POST", "/admin/v2/tenants/{tenant}/quotas", qt::set_tenant)
+    .add("DELETE", "/admin/v2/tenants/{tenant}/quotas", qt::delete_tenant)
+    .add("GET", "/admin/v2/tenants/{tenant}/quotas/usage", qt::tenant_usage)
     .add("GET", "/admin/v2/namespaces/{tenant}", n::list)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}", n::get)
     .add("PUT", "/admin/v2/namespaces/{tenant}/{namespace}", n::create)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}", n::delete)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/topics", n::topics)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/ownership", n::ownership)
+    .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::get_namespace)
+    .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::set_namespace)
+    .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::delete_namespace)
+    .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/quotas/usage", qt::namespace_usage)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::get_policy)
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::set_policy)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::clear_policy)

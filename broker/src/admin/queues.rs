@@ -242,6 +242,9 @@ pub async fn create(State(s): St, p: Params, body: Body) -> AdminResult {
     let options: QueueOptions = body.json_or_default()?;
     let info = queue_info(&topic, &options)?;
     read_policies(&s, &topic.tenant, &topic.namespace).await?;
+    crate::quota_io::check_new_queue(&*s.store, &s.layout, &topic.tenant, &topic.namespace)
+        .await
+        .map_err(AdminError::Conflict)?;
     let path = join(
         &queues_dir(&s, &topic.tenant, &topic.namespace),
         &topic.local,

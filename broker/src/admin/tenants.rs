@@ -54,6 +54,9 @@ pub async fn create(State(s): St, p: Params, body: Body) -> AdminResult {
     names::check("tenant", t)?;
     let mut info: TenantInfo = body.json_or_default()?;
     check_info(&s, &mut info)?;
+    if let Some(q) = &info.quotas {
+        q.validate().map_err(AdminError::BadRequest)?;
+    }
     store::create(&*s.store, &tenant_path(&s.layout, t), &info, || {
         format!("tenant {t} already exists")
     })
@@ -73,7 +76,10 @@ pub async fn update(State(s): St, p: Params, body: Body) -> AdminResult {
         &tenant_path(&s.layout, t),
         || format!("tenant {t} does not exist"),
         |cur| {
+            // Quotas have their own endpoint and stay as they are.
+            let quotas = cur.quotas;
             *cur = info.clone();
+            cur.quotas = quotas;
             Ok(())
         },
     )

@@ -203,6 +203,11 @@ pub async fn create(State(s): St, p: Params) -> AdminResult {
             "{t} exists as a partitioned topic"
         )));
     }
+    if !stored(&s, &t).await? {
+        crate::quota_io::check_new_topic(&*s.store, &s.layout, &t.tenant, &t.namespace)
+            .await
+            .map_err(AdminError::Conflict)?;
+    }
     create_topic_node(&s, &t).await?;
     info!(tenant = %t.tenant, namespace = %t.namespace, topic = %t, "topic created");
     Ok(no_content())

@@ -1425,6 +1425,25 @@ impl ManagedLedger {
         })
     }
 
+    /// The durable subscription cursor with the largest backlog (the
+    /// de-duplication cursor left out): its name, estimated backlog bytes
+    /// and mark-delete position. None without subscription cursors. Used by
+    /// the backlog quota ([`crate::quota_io`]).
+    pub fn slowest_cursor_backlog(&self) -> Option<(String, u64, Position)> {
+        let c = self.shared.core();
+        c.cursors
+            .iter()
+            .filter(|(n, x)| x.durable && n.as_str() != crate::dedup::DEDUP_CURSOR)
+            .map(|(n, x)| {
+                (
+                    n.clone(),
+                    x.cursor.backlog_size_bytes_estimate(&c.list),
+                    x.cursor.mark_delete(),
+                )
+            })
+            .max_by_key(|(_, b, _)| *b)
+    }
+
     /// Whether cursor `name` is open (durable cursors are all opened with
     /// the managed ledger).
     pub fn has_cursor(&self, name: &str) -> bool {

@@ -1,0 +1,554 @@
+//! Tenant and namespace quotas (issue 11 parts 1-3, docs/quotas.md) against
+//! a standalone broker, with the official Python client where the client's
+//! view matters: the quota REST shapes and usage; a producer over its
+//! publish rate is slowed to the rate with no error; counts (producers,
+//! consumers, connections, topics, queues) refused at the limit with the
+//! quota named; the backlog quota's `producer_exception` refuses the
+//! producer with ProducerBlockedQuotaExceededException, `producer_request_hold`
+//! holds sends until the consumer drains, `consumer_backlog_eviction` drops
+//! the oldest backlog; a tenant's publish-rate quota holds within 10 % across
+//! two namespaces served by two brokers (ZooKeeper cluster mode).
+
+use cms_client::proto::commands;
+use cms_client::proto::pulsar::command_subscribe::{InitialPosition, SubType};
+use cms_tests::cluster::{BrokerNode, RawPulsarClient, run_python, start_bookies};
+use cms_tests::harness::zookeeper::ZooKeeper;
+use serde_json::{Value, json};
+
+async fn admin(
+    broker: &BrokerNode,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let c = reqwest::Client::new();
+    let mut req = c.request(method, format!("http://{}{path}", broker.http()));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("admin request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn setup_tenant(broker: &BrokerNode, t: &str, namespaces: &[&str]) {
+    let (st, v) = admin(
+        broker,
+        reqwest::Method::PUT,
+        &format!("/admin/v2/tenants/{t}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    for ns in namespaces {
+        let (st, v) = admin(
+            broker,
+            reqwest::Method::PUT,
+            &format!("/admin/v2/namespaces/{t}/{ns}"),
+            None,
+        )
+        .await;
+        assert_eq!(st, 204, "{v}");
+    }
+}
+
+fn args<'a>(broker_url: &'a str, topic: &'a str, mode: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["--url", broker_url, "--topic", topic, "--mode", mode];
+    v.extend_from_slice(extra);
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_rest_shapes_and_usage() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qrest", &["ns"]).await;
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    let del = reqwest::Method::DELETE;
+    for base in [
+        "/admin/v2/tenants/qrest/quotas",
+        "/admin/v2/namespaces/qrest/ns/quotas",
+    ] {
+        assert_eq!(
+            admin(&broker, get.clone(), base, None).await,
+            (200, json!({}))
+        );
+        let q = json!({"publishRateInMsgs": 10, "maxTopics": 3, "storageBytes": null});
+        assert_eq!(admin(&broker, post.clone(), base, Some(q)).await.0, 204);
+        assert_eq!(
+            admin(&broker, get.clone(), base, None).await,
+            (200, json!({"publishRateInMsgs": 10, "maxTopics": 3}))
+        );
+        let (st, v) = admin(&broker, post.clone(), base, Some(json!({"maxTopics": -1}))).await;
+        assert_eq!(st, 400, "{v}");
+        let (st, v) = admin(
+            &broker,
+            post.clone(),
+            base,
+            Some(json!({"publishRateInBytes": 0})),
+        )
+        .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(
+            v["reason"].as_str().unwrap().contains("publishRateInBytes"),
+            "{v}"
+        );
+        let (st, v) = admin(&broker, get.clone(), &format!("{base}/usage"), None).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["maxTopics"], 0, "{v}");
+        assert_eq!(v["maxProducers"], 0, "{v}");
+        assert_eq!(admin(&broker, del.clone(), base, None).await.0, 204);
+        assert_eq!(
+            admin(&broker, get.clone(), base, None).await,
+            (200, json!({}))
+        );
+    }
+    // Updating the tenant keeps its quotas.
+    let tq = "/admin/v2/tenants/qrest/quotas";
+    assert_eq!(
+        admin(&broker, post.clone(), tq, Some(json!({"maxProducers": 5})))
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        admin(
+            &broker,
+            post.clone(),
+            "/admin/v2/tenants/qrest",
+            Some(json!({"adminRoles": ["r"]}))
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(
+        admin(&broker, get.clone(), tq, None).await,
+        (200, json!({"maxProducers": 5}))
+    );
+    assert_eq!(
+        admin(&broker, get.clone(), "/admin/v2/tenants/nope/quotas", None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        admin(
+            &broker,
+            get,
+            "/admin/v2/namespaces/qrest/nope/quotas/usage",
+            None
+        )
+        .await
+        .0,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_rate_slows_the_producer_without_errors() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qrate", &["ns"]).await;
+    let (st, _) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qrate/ns/quotas",
+        Some(json!({"publishRateInMsgs": 100})),
+    )
+    .await;
+    assert_eq!(st, 204);
+    let url = broker.service_url();
+    // 400 messages at 100/s: about 4 s (the bucket starts empty).
+    let run = run_python(
+        "quotas.py",
+        &args(
+            &url,
+            "persistent://qrate/ns/rate",
+            "rate",
+            &["--count", "400"],
+        ),
+        60_000,
+    )
+    .await;
+    assert!(run.ok, "{} {}\n{}", run.status, run.json, run.stderr);
+    assert_eq!(run.json["acked"], 400, "{}", run.json);
+    assert_eq!(run.json["errors"], json!([]), "{}", run.json);
+    let secs = run.json["seconds"].as_f64().unwrap();
+    let rate = 400.0 / secs;
+    eprintln!("namespace quota 100/s: {rate:.1}/s over {secs:.2} s");
+    assert!(
+        (70.0..=115.0).contains(&rate),
+        "rate {rate:.1}/s over {secs:.2} s, quota 100/s"
+    );
+    // The usage endpoint saw the publishes.
+    let (_, v) = admin(
+        &broker,
+        reqwest::Method::GET,
+        "/admin/v2/tenants/qrate/quotas/usage",
+        None,
+    )
+    .await;
+    assert_eq!(v["maxTopics"], 1, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_are_refused_at_the_limit_naming_the_quota() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qcount", &["a", "b"]).await;
+    let post = reqwest::Method::POST;
+    let put = reqwest::Method::PUT;
+    assert_eq!(
+        admin(
+            &broker,
+            post.clone(),
+            "/admin/v2/tenants/qcount/quotas",
+            Some(json!({"maxProducers": 3, "maxTopics": 3, "maxQueues": 1}))
+        )
+        .await
+        .0,
+        204
+    );
+    let url = broker.service_url();
+    // Producers: the tenant's 3 across its namespaces; the Python client
+    // sees the refusal as final with the quota in the message.
+    let run = run_python(
+        "quotas.py",
+        &args(
+            &url,
+            "persistent://qcount/a/p",
+            "producers",
+            &["--count", "5"],
+        ),
+        60_000,
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    assert_eq!(run.json["created"], 3, "{}", run.json);
+    let e = run.json["error"].as_str().unwrap_or_default();
+    assert!(
+        run.stderr.contains("maxProducers=3") || e.contains("NotAllowed"),
+        "{e}\n{}",
+        run.stderr
+    );
+    // Topics: a, plus two more make 3; the fourth is refused (admin 409).
+    for t in ["t2", "t3"] {
+        let (st, v) = admin(
+            &broker,
+            put.clone(),
+            &format!("/admin/v2/persistent/qcount/a/{t}"),
+            None,
+        )
+        .await;
+        assert_eq!(st, 204, "{v}");
+    }
+    let (st, v) = admin(
+        &broker,
+        put.clone(),
+        "/admin/v2/persistent/qcount/b/t4",
+        None,
+    )
+    .await;
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("tenant qcount quota maxTopics=3"),
+        "{v}"
+    );
+    // Auto-creation over the quota is refused on the wire too.
+    let mut c = RawPulsarClient::connected(broker.pulsar()).await;
+    c.send(commands::producer("persistent://qcount/b/auto", 1, 1, None))
+        .await;
+    let got = c.recv().await.expect("answer");
+    let e = got.error.expect("refused");
+    assert!(e.message.contains("maxTopics=3"), "{e:?}");
+    // Queues.
+    let (st, v) = admin(&broker, put.clone(), "/admin/v2/queues/qcount/b/q1", None).await;
+    assert_eq!(st, 204, "{v}");
+    let (st, v) = admin(&broker, put.clone(), "/admin/v2/queues/qcount/b/q2", None).await;
+    assert_eq!(st, 409, "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("maxQueues=1"), "{v}");
+    // Consumers and connections of namespace qconn/b.
+    setup_tenant(&broker, "qconn", &["b"]).await;
+    assert_eq!(
+        admin(
+            &broker,
+            post.clone(),
+            "/admin/v2/namespaces/qconn/b/quotas",
+            Some(json!({"maxConsumers": 1, "maxConnections": 1}))
+        )
+        .await
+        .0,
+        204
+    );
+    let topic = "persistent://qconn/b/t";
+    let sub = |id: u64| {
+        commands::subscribe(
+            topic,
+            "s1",
+            SubType::Shared,
+            id,
+            id,
+            InitialPosition::Latest,
+        )
+    };
+    let mut c1 = RawPulsarClient::connected(broker.pulsar()).await;
+    c1.send(sub(1)).await;
+    let got = c1.recv().await.expect("answer");
+    assert!(got.success.is_some(), "{got:?}");
+    c1.send(sub(2)).await;
+    let got = c1.recv().await.expect("answer");
+    let e = got.error.expect("second consumer refused");
+    assert!(
+        e.message.contains("namespace qconn/b quota maxConsumers=1"),
+        "{e:?}"
+    );
+    let mut c2 = RawPulsarClient::connected(broker.pulsar()).await;
+    c2.send(commands::producer(topic, 1, 1, None)).await;
+    let got = c2.recv().await.expect("answer");
+    let e = got.error.expect("second connection refused");
+    assert!(e.message.contains("maxConnections=1"), "{e:?}");
+    // The first connection may add a producer (same connection).
+    c1.send(commands::producer(topic, 1, 3, None)).await;
+    let got = c1.recv().await.expect("answer");
+    assert!(got.producer_success.is_some(), "{got:?}");
+    // Refusals are counted: producers (1), auto-created topic (not a
+    // handle refusal), consumer (1), connection (1).
+    let refused =
+        cms_tests::cluster::metric_value(broker.http(), "cms_broker_quota_refusals_total")
+            .await
+            .unwrap_or(0.0);
+    assert!(
+        refused >= 3.0,
+        "cms_broker_quota_refusals_total = {refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_producer_exception_refuses_the_producer() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qback", &["ns"]).await;
+    let (st, v) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qback/ns/backlogQuota",
+        Some(json!({"limitSize": 20000, "policy": "producer_exception"})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    let url = broker.service_url();
+    let topic = "persistent://qback/ns/b";
+    let run = run_python(
+        "quotas.py",
+        &args(
+            &url,
+            topic,
+            "backlog",
+            &["--count", "20000", "--size", "1000"],
+        ),
+        60_000,
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    eprintln!("producer_exception: {}", run.json);
+    // The running producer is disconnected once the topic is over its
+    // quota, and its re-creation is refused: its sends fail with the quota
+    // error (not a SEND_ERROR / connection drop).
+    let acked = run.json["acked"].as_u64().unwrap();
+    assert!(acked < 20000, "{}", run.json);
+    assert!(
+        run.json["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("ProducerBlockedQuota")),
+        "{}",
+        run.json
+    );
+    // Within a few report intervals the topic is over its quota and a new
+    // producer is refused with the quota error (never a SEND_ERROR).
+    let refused = cms_tests::harness::wait::within(10_000, || async {
+        let run = run_python("quotas.py", &args(&url, topic, "create", &[]), 30_000).await;
+        let e = run.json["error"].as_str().unwrap_or_default().to_string();
+        e.contains("ProducerBlockedQuota")
+    })
+    .await;
+    assert!(refused.is_some(), "no ProducerBlockedQuotaExceeded refusal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_hold_pauses_sends_until_the_consumer_drains() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qhold", &["ns"]).await;
+    let (st, v) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qhold/ns/backlogQuota",
+        Some(json!({"limitSize": 20000, "policy": "producer_request_hold"})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    let url = broker.service_url();
+    let run = run_python(
+        "quotas.py",
+        &args(
+            &url,
+            "persistent://qhold/ns/h",
+            "hold",
+            &["--count", "200", "--size", "1000"],
+        ),
+        60_000,
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    // Held: well short of all 200 after 3 s (200 KB against a 20 KB quota).
+    eprintln!("hold: {}", run.json);
+    let held_at = run.json["held_at"].as_u64().unwrap();
+    assert!(held_at < 100, "{}", run.json);
+    // Resumed once drained: every send acknowledged, none failed.
+    assert_eq!(run.json["acked"], 200, "{}", run.json);
+    assert_eq!(run.json["errors"], json!([]), "{}", run.json);
+    assert_eq!(run.json["received"], 200, "{}", run.json);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_eviction_drops_the_oldest_backlog() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qevict", &["ns"]).await;
+    let (st, v) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qevict/ns/backlogQuota",
+        Some(json!({"limitSize": 20000, "policy": "consumer_backlog_eviction"})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    let url = broker.service_url();
+    let topic = "persistent://qevict/ns/e";
+    let run = run_python(
+        "quotas.py",
+        &args(
+            &url,
+            topic,
+            "backlog",
+            &["--count", "100", "--size", "1000", "--sub", "slow"],
+        ),
+        60_000,
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    // Producers are never refused under this policy.
+    assert_eq!(run.json["acked"], 100, "{}", run.json);
+    // Within a few intervals the slow subscription's backlog fits the quota
+    // again (the entries carry ~1 KB each, plus headers).
+    let stats = "/admin/v2/persistent/qevict/ns/e/stats";
+    let fits = cms_tests::harness::wait::within(10_000, || async {
+        let (_, v) = admin(&broker, reqwest::Method::GET, stats, None).await;
+        v["subscriptions"]["slow"]["msgBacklog"]
+            .as_u64()
+            .is_some_and(|n| n <= 20)
+    })
+    .await;
+    let (_, last) = admin(&broker, reqwest::Method::GET, stats, None).await;
+    assert!(fits.is_some(), "backlog not evicted: {last}");
+}
+
+/// The owner's `pulsar://` URL of `topic` (`t/ns/local`) through the HTTP
+/// lookup of the broker at `http` (redirects followed).
+async fn owner(http: std::net::SocketAddr, topic: &str) -> String {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let v: Value = client
+        .get(format!("http://{http}/lookup/v2/topic/persistent/{topic}"))
+        .send()
+        .await
+        .expect("lookup")
+        .json()
+        .await
+        .expect("lookup JSON");
+    v["brokerUrl"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no brokerUrl in {v}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_publish_quota_holds_across_two_brokers_and_namespaces() {
+    let zk = ZooKeeper::start().await;
+    let zks = zk.connect_string();
+    let _bookies = start_bookies(&zks, 3).await;
+    let a = BrokerNode::start_cluster("broker-a", &zks, &[]).await;
+    let b = BrokerNode::start_cluster("broker-b", &zks, &[]).await;
+    setup_tenant(&a, "qcl", &["ns1", "ns2"]).await;
+    const QUOTA: f64 = 200.0;
+    let (st, v) = admin(
+        &a,
+        reqwest::Method::POST,
+        "/admin/v2/tenants/qcl/quotas",
+        Some(json!({"publishRateInMsgs": QUOTA as u64})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    // One topic of ns1 owned by broker a, one of ns2 owned by broker b
+    // (bundles are placed on the least-loaded broker; look up candidates).
+    let mut on_a = None;
+    let mut on_b = None;
+    for i in 0..64 {
+        if on_a.is_none() {
+            let t = format!("qcl/ns1/t{i}");
+            if owner(a.http(), &t).await == a.service_url() {
+                on_a = Some(t);
+            }
+        }
+        if on_b.is_none() {
+            let t = format!("qcl/ns2/t{i}");
+            if owner(a.http(), &t).await == b.service_url() {
+                on_b = Some(t);
+            }
+        }
+        if on_a.is_some() && on_b.is_some() {
+            break;
+        }
+    }
+    let (ta, tb) = (
+        format!("persistent://{}", on_a.expect("a topic of ns1 on broker a")),
+        format!("persistent://{}", on_b.expect("a topic of ns2 on broker b")),
+    );
+    // Each producer alone would go at full speed; together they must share
+    // 200/s: 1200 messages take about 6 s.
+    const EACH: u64 = 600;
+    let (ua, ub) = (a.service_url(), b.service_url());
+    let count = EACH.to_string();
+    let args_a = args(&ua, &ta, "rate", &["--count", &count]);
+    let args_b = args(&ub, &tb, "rate", &["--count", &count]);
+    let (ra, rb) = tokio::join!(
+        run_python("quotas.py", &args_a, 60_000),
+        run_python("quotas.py", &args_b, 60_000),
+    );
+    for r in [&ra, &rb] {
+        assert!(r.ok, "{}\n{}", r.json, r.stderr);
+        assert_eq!(r.json["acked"], EACH, "{}", r.json);
+        assert_eq!(r.json["errors"], json!([]), "{}", r.json);
+    }
+    let secs = ra.json["seconds"]
+        .as_f64()
+        .unwrap()
+        .max(rb.json["seconds"].as_f64().unwrap());
+    let rate = (2 * EACH) as f64 / secs;
+    eprintln!("tenant quota {QUOTA}/s: aggregate {rate:.1}/s over {secs:.2} s");
+    assert!(
+        rate <= QUOTA * 1.1,
+        "aggregate {rate:.1}/s over {secs:.2} s above the tenant quota {QUOTA}/s + 10 %: {} {}",
+        ra.json,
+        rb.json
+    );
+    // Not starved either (shares move to where the load is).
+    assert!(
+        rate >= QUOTA * 0.6,
+        "aggregate {rate:.1}/s over {secs:.2} s: {} {}",
+        ra.json,
+        rb.json
+    );
+}
