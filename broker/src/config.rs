@@ -132,6 +132,32 @@ pub struct BrokerConfig {
     #[arg(long, default_value_t = 10_000)]
     pub dedup_producers_max: usize,
 
+    /// Require token authentication even without a key flag (the broker
+    /// then refuses to start: fail closed). Giving `auth_secret_key` or
+    /// `auth_public_key` turns authentication and authorization on.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub authentication_enabled: bool,
+    /// HMAC secret key file (raw bytes, `cms-broker tokens create-secret-key`);
+    /// empty = none.
+    #[arg(long, default_value = "")]
+    pub auth_secret_key: String,
+    /// Public key file (PEM, RSA or EC; `tokens create-key-pair`); empty = none.
+    #[arg(long, default_value = "")]
+    pub auth_public_key: String,
+    /// Audience tokens must carry (`aud`); empty = not checked.
+    #[arg(long, default_value = "")]
+    pub auth_audience: String,
+    /// Clock skew tolerated on token `exp` / `nbf`, in seconds (at most 600).
+    #[arg(long, default_value_t = 0)]
+    pub auth_clock_skew_s: u64,
+    /// A connection whose token expired is sent AUTH_CHALLENGE and closed
+    /// if no valid AUTH_RESPONSE arrives within this long, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub auth_refresh_timeout_s: u64,
+    /// Superuser roles, comma-separated.
+    #[arg(long, default_value = "")]
+    pub superuser_roles: String,
+
     /// Standalone only: directory of all data (metadata store, journal, ledgers).
     #[arg(long, default_value = "data/standalone")]
     pub data_dir: PathBuf,
@@ -182,6 +208,26 @@ pub struct Replication {
 }
 
 impl BrokerConfig {
+    /// The authentication settings (paths and roles as configured).
+    pub fn auth_settings(&self) -> crate::auth::AuthSettings {
+        let path = |s: &str| (!s.trim().is_empty()).then(|| PathBuf::from(s.trim()));
+        crate::auth::AuthSettings {
+            enabled: self.authentication_enabled,
+            secret_key: path(&self.auth_secret_key),
+            public_key: path(&self.auth_public_key),
+            audience: (!self.auth_audience.trim().is_empty())
+                .then(|| self.auth_audience.trim().to_string()),
+            clock_skew_s: self.auth_clock_skew_s,
+            superuser_roles: self
+                .superuser_roles
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_string)
+                .collect(),
+        }
+    }
+
     /// Checks values that parse but cannot work in `mode`.
     pub fn validate(&self, mode: Mode) -> Result<(), InvalidConfig> {
         self.broker_addr()?;
@@ -242,6 +288,19 @@ impl BrokerConfig {
         }
         if self.dedup_snapshot_interval_s == 0 {
             return Err(invalid("dedup_snapshot_interval_s", "must be at least 1"));
+        }
+        if self.auth_refresh_timeout_s == 0 {
+            return Err(invalid("auth_refresh_timeout_s", "must be at least 1"));
+        }
+        if let Err(e) = crate::auth::Authenticator::from_settings(&self.auth_settings()) {
+            let key = if self.auth_clock_skew_s > crate::auth::CLOCK_SKEW_S_MAX {
+                "auth_clock_skew_s"
+            } else if !self.auth_public_key.is_empty() {
+                "auth_public_key"
+            } else {
+                "auth_secret_key"
+            };
+            return Err(invalid(key, e.to_string()));
         }
         if self.keep_alive_interval_s == 0 {
             return Err(invalid("keep_alive_interval_s", "must be at least 1"));

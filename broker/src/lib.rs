@@ -24,9 +24,11 @@
 //! - [`ownership`] — namespace bundles, ownership nodes, lookup decisions,
 //!   load reports and placement;
 //! - [`admin`] — the admin REST API (`/admin/v2`);
+//! - [`auth`] — token authentication, authorization, `cms-broker tokens`;
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod consumers;

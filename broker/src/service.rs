@@ -79,6 +79,9 @@ pub struct BrokerState {
     pub service_url: String,
     /// `http://<advertised host>:<port>`.
     pub http_url: String,
+    /// Token authentication and authorization; None = off (everyone may do
+    /// everything, as before security was configured).
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
     producer_name_prefix: String,
     producer_seq: AtomicU64,
     conn_seq: AtomicU64,
@@ -190,6 +193,14 @@ pub async fn run(
     config.validate(mode)?;
     let layout =
         Layout::new(&config.metadata_root).map_err(|e| BrokerError::Metadata(e.to_string()))?;
+    let auth = crate::auth::Authenticator::from_settings(&config.auth_settings())
+        .map_err(|e| {
+            BrokerError::Config(crate::config::InvalidConfig {
+                key: "auth_secret_key".into(),
+                reason: e.to_string(),
+            })
+        })?
+        .map(Arc::new);
     let cluster = read_cluster(&*store, &layout).await.map_err(|e| {
         BrokerError::Metadata(format!(
             "{e} (run `cms-broker init-cluster` against this store first)"
@@ -316,6 +327,7 @@ pub async fn run(
         cluster_name: cluster.name.clone(),
         service_url: service_url.clone(),
         http_url: http_url.clone(),
+        auth,
         producer_name_prefix: format!("{}-{incarnation}", cluster.name),
         producer_seq: AtomicU64::new(0),
         conn_seq: AtomicU64::new(1),

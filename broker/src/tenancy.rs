@@ -124,6 +124,10 @@ pub struct NamespacePolicies {
     /// Whether producers may add schema versions (Pulsar default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_allow_auto_update_schema: Option<bool>,
+    /// Permissions (Pulsar's `auth_policies`): grants of produce / consume
+    /// per role on the namespace and per topic, subscription restrictions.
+    #[serde(default, skip_serializing_if = "crate::auth::AuthPolicies::is_empty")]
+    pub auth_policies: crate::auth::AuthPolicies,
 }
 
 /// Pulsar's `AutoTopicCreationOverride` (JSON
