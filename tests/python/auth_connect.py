@@ -1,0 +1,43 @@
+"""Produces one message and consumes it back with token authentication
+(pulsar.AuthenticationToken); --token '' connects without authentication.
+Prints {"received": ...} or {"error": ...}."""
+import logging
+import sys
+
+import pulsar
+
+import common
+
+# The client's log goes to stderr, so that it never interleaves with the
+# JSON result line on stdout.
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+p = common.parser(__doc__)
+p.add_argument("--token", default="")
+p.add_argument("--sub", default="sub")
+args = p.parse_args()
+
+kwargs = {}
+if args.token:
+    kwargs["authentication"] = pulsar.AuthenticationToken(args.token)
+client = None
+try:
+    client = pulsar.Client(
+        args.url,
+        operation_timeout_seconds=max(1, args.timeout_ms // 1000),
+        connection_timeout_ms=args.timeout_ms,
+        logger=logging.getLogger("pulsar"),
+        **kwargs,
+    )
+    consumer = client.subscribe(args.topic, args.sub,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(args.topic, send_timeout_millis=args.timeout_ms)
+    producer.send(b"hello")
+    m = consumer.receive(timeout_millis=args.timeout_ms)
+    consumer.acknowledge(m)
+    common.done({"received": m.data().decode(errors="replace")}, ok=True)
+except Exception as e:  # noqa: BLE001
+    common.done({"error": f"{type(e).__name__}: {e}"}, ok=False)
+finally:
+    if client is not None:
+        client.close()
