@@ -158,6 +158,28 @@ pub struct BrokerConfig {
     #[arg(long, default_value = "")]
     pub superuser_roles: String,
 
+    /// Pulsar protocol over TLS (`pulsar+ssl://`) listen address, e.g.
+    /// `0.0.0.0:6651`; empty = off. Needs `tls_cert_file` and `tls_key_file`.
+    #[arg(long, default_value = "")]
+    pub broker_tls_bind: String,
+    /// HTTPS listen address (admin API, lookup, health), e.g. `0.0.0.0:8443`;
+    /// empty = off. Needs `tls_cert_file` and `tls_key_file`.
+    #[arg(long, default_value = "")]
+    pub https_bind: String,
+    /// TLS certificate chain file (PEM); reloaded when it changes.
+    #[arg(long, default_value = "")]
+    pub tls_cert_file: String,
+    /// TLS private key file (PEM); reloaded when it changes.
+    #[arg(long, default_value = "")]
+    pub tls_key_file: String,
+    /// CA file (PEM) client certificates must chain to when a client offers
+    /// one; empty = client certificates are not requested.
+    #[arg(long, default_value = "")]
+    pub tls_trust_certs_file: String,
+    /// How often the TLS files are checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub tls_reload_interval_ms: u64,
+
     /// Standalone only: directory of all data (metadata store, journal, ledgers).
     #[arg(long, default_value = "data/standalone")]
     pub data_dir: PathBuf,
@@ -178,6 +200,16 @@ pub struct InvalidConfig {
     pub key: String,
     /// Why.
     pub reason: String,
+}
+
+fn parse_optional_addr(key: &str, v: &str) -> Result<Option<SocketAddr>, InvalidConfig> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse()
+        .map(Some)
+        .map_err(|e| invalid(key, format!("{v:?} is not host:port: {e}")))
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> InvalidConfig {
@@ -208,6 +240,29 @@ pub struct Replication {
 }
 
 impl BrokerConfig {
+    /// The TLS files when a TLS port is configured.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        if self.broker_tls_bind.trim().is_empty() && self.https_bind.trim().is_empty() {
+            return None;
+        }
+        let trust = self.tls_trust_certs_file.trim();
+        Some(crate::tls::TlsFiles {
+            cert: PathBuf::from(self.tls_cert_file.trim()),
+            key: PathBuf::from(self.tls_key_file.trim()),
+            trust: (!trust.is_empty()).then(|| PathBuf::from(trust)),
+        })
+    }
+
+    /// The `pulsar+ssl://` listen address, if any.
+    pub fn broker_tls_addr(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        parse_optional_addr("broker_tls_bind", &self.broker_tls_bind)
+    }
+
+    /// The HTTPS listen address, if any.
+    pub fn https_addr(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        parse_optional_addr("https_bind", &self.https_bind)
+    }
+
     /// The authentication settings (paths and roles as configured).
     pub fn auth_settings(&self) -> crate::auth::AuthSettings {
         let path = |s: &str| (!s.trim().is_empty()).then(|| PathBuf::from(s.trim()));
@@ -288,6 +343,21 @@ impl BrokerConfig {
         }
         if self.dedup_snapshot_interval_s == 0 {
             return Err(invalid("dedup_snapshot_interval_s", "must be at least 1"));
+        }
+        self.broker_tls_addr()?;
+        self.https_addr()?;
+        if let Some(files) = self.tls_files() {
+            if files.cert.as_os_str().is_empty() || files.key.as_os_str().is_empty() {
+                return Err(invalid(
+                    "tls_cert_file",
+                    "a TLS port is configured: tls_cert_file and tls_key_file are needed",
+                ));
+            }
+            crate::tls::server_config(&files)
+                .map_err(|e| invalid("tls_cert_file", e.to_string()))?;
+        }
+        if self.tls_reload_interval_ms == 0 {
+            return Err(invalid("tls_reload_interval_ms", "must be at least 1"));
         }
         if self.auth_refresh_timeout_s == 0 {
             return Err(invalid("auth_refresh_timeout_s", "must be at least 1"));

@@ -131,7 +131,14 @@ async fn lookup_reply(state: &BrokerState, c: &CommandLookupTopic) -> BaseComman
             let authoritative = c.authoritative.unwrap_or(false);
             match state.ownership.lookup(&name, authoritative).await {
                 Ok(LookupAnswer::Connect) => {
-                    commands::lookup_response_connect(c.request_id, &state.service_url, true)
+                    let mut r =
+                        commands::lookup_response_connect(c.request_id, &state.service_url, true);
+                    if let (Some(l), Some(tls)) =
+                        (r.lookup_topic_response.as_mut(), &state.service_url_tls)
+                    {
+                        l.broker_service_url_tls = Some(tls.clone());
+                    }
+                    r
                 }
                 Ok(LookupAnswer::Redirect { service_url, .. }) => {
                     commands::lookup_response_redirect(c.request_id, &service_url, true)
@@ -253,12 +260,28 @@ pub(crate) enum CloseReason {
 pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, peer: SocketAddr) {
     let id = state.next_connection_id();
     let span = info_span!("connection", conn = id, peer = %peer);
-    serve_inner(state, stream, id).instrument(span).await
+    let (rd, wr) = stream.into_split();
+    serve_inner(state, rd, wr, id).instrument(span).await
 }
 
-async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
+/// Serves one accepted TLS connection (`pulsar+ssl://`) until it closes.
+pub async fn serve_tls(
+    state: Arc<BrokerState>,
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    peer: SocketAddr,
+) {
+    let id = state.next_connection_id();
+    let span = info_span!("connection", conn = id, peer = %peer, tls = true);
+    let (rd, wr) = tokio::io::split(stream);
+    serve_inner(state, rd, wr, id).instrument(span).await
+}
+
+async fn serve_inner<R, W>(state: Arc<BrokerState>, rd: R, wr: W, id: u64)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let frame_max = state.config.frame_bytes_max();
-    let (rd, wr) = stream.into_split();
     let mut reader = FramedRead::new(rd, PulsarCodec::new(frame_max));
     let mut writer = FramedWrite::new(wr, PulsarCodec::new(frame_max));
     let (out, mut out_rx) = mpsc::channel::<Frame>(state.config.outbound_queue_max);

@@ -120,7 +120,7 @@ async fn lookup(
             StatusCode::OK,
             serde_json::json!({
                 "brokerUrl": s.service_url,
-                "brokerUrlTls": "",
+                "brokerUrlTls": s.service_url_tls.clone().unwrap_or_default(),
                 "httpUrl": s.http_url,
                 "httpUrlTls": "",
                 "nativeUrl": s.service_url,

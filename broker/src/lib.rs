@@ -25,6 +25,7 @@
 //!   load reports and placement;
 //! - [`admin`] — the admin REST API (`/admin/v2`);
 //! - [`auth`] — token authentication, authorization, `cms-broker tokens`;
+//! - [`tls`] — TLS for the `pulsar+ssl` and `https` ports, reloaded on change;
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
 pub mod admin;
@@ -49,6 +50,7 @@ pub mod standalone;
 pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
+pub mod tls;
 pub mod topic_discovery;
 pub mod topic_metrics;
 pub mod topic_name;

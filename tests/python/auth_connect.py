@@ -15,6 +15,7 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 p = common.parser(__doc__)
 p.add_argument("--token", default="")
 p.add_argument("--sub", default="sub")
+p.add_argument("--tls-trust-certs-file", default="")
 args = p.parse_args()
 
 kwargs = {}
@@ -27,6 +28,8 @@ try:
         operation_timeout_seconds=max(1, args.timeout_ms // 1000),
         connection_timeout_ms=args.timeout_ms,
         logger=logging.getLogger("pulsar"),
+        tls_trust_certs_file_path=args.tls_trust_certs_file or None,
+        tls_validate_hostname=bool(args.tls_trust_certs_file),
         **kwargs,
     )
     consumer = client.subscribe(args.topic, args.sub,
