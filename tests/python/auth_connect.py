@@ -1,16 +1,9 @@
 """Produces one message and consumes it back with token authentication
 (pulsar.AuthenticationToken); --token '' connects without authentication.
 Prints {"received": ...} or {"error": ...}."""
-import logging
-import sys
-
 import pulsar
 
 import common
-
-# The client's log goes to stderr, so that it never interleaves with the
-# JSON result line on stdout.
-logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 
 p = common.parser(__doc__)
 p.add_argument("--token", default="")
@@ -27,7 +20,9 @@ try:
         args.url,
         operation_timeout_seconds=max(1, args.timeout_ms // 1000),
         connection_timeout_ms=args.timeout_ms,
-        logger=logging.getLogger("pulsar"),
+        # The client's log goes to stderr so that it never interleaves with
+        # the JSON result line on stdout.
+        logger=pulsar.FileLogger(pulsar.LoggerLevel.Info, "/dev/stderr"),
         tls_trust_certs_file_path=args.tls_trust_certs_file or None,
         tls_validate_hostname=bool(args.tls_trust_certs_file),
         **kwargs,

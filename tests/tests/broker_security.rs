@@ -335,6 +335,34 @@ async fn authentication_matrix() {
         );
     }
 
+    // The Rust SDK: `auth_token` connects and publishes; without it the
+    // producer is refused.
+    let sdk = cms_client::Client::builder(broker.service_url())
+        .operation_timeout(Duration::from_secs(5))
+        .auth_token(valid.clone())
+        .build()
+        .expect("sdk client");
+    let producer = sdk
+        .producer("persistent://public/default/auth-sdk")
+        .create()
+        .await
+        .expect("SDK producer with a token");
+    producer.send("hello").await.expect("SDK send");
+    let anonymous = cms_client::Client::builder(broker.service_url())
+        .operation_timeout(Duration::from_secs(3))
+        .build()
+        .expect("sdk client");
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        anonymous
+            .producer("persistent://public/default/auth-sdk")
+            .create(),
+    )
+    .await
+    .expect("the SDK gave up within 30 s");
+    assert!(refused.is_err(), "SDK producer without a token was created");
+    alive(&mut keeper, "after the SDK clients").await;
+
     // Token refresh: a token expiring in 2 s is challenged; answering with
     // a fresh token keeps the connection, not answering closes it.
     let short = k.token_with("alice", Some(auth::now_s() + 2), None, AUDIENCE);
