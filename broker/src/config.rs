@@ -46,10 +46,12 @@ pub struct BrokerConfig {
     #[arg(long, default_value_t = 5000)]
     pub load_report_interval_ms: u64,
 
-    /// Pulsar binary protocol listen address.
+    /// Pulsar binary protocol listen address; empty = plaintext off (only
+    /// with `broker_tls_bind`).
     #[arg(long, default_value = "0.0.0.0:6650")]
     pub broker_bind: String,
-    /// HTTP listen address (`/health`, `/ready`, `/metrics`, later `/admin/v2`).
+    /// HTTP listen address (`/health`, `/ready`, `/metrics`, `/admin/v2`);
+    /// empty = plaintext off (only with `https_bind`).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub http_bind: String,
     /// Host clients are told to connect to (LOOKUP answers); empty = the bind
@@ -285,8 +287,8 @@ impl BrokerConfig {
 
     /// Checks values that parse but cannot work in `mode`.
     pub fn validate(&self, mode: Mode) -> Result<(), InvalidConfig> {
-        self.broker_addr()?;
-        self.http_addr()?;
+        self.broker_addr_opt()?;
+        self.http_addr_opt()?;
         if mode == Mode::Cluster {
             self.metadata_url()?;
         }
@@ -424,6 +426,36 @@ impl BrokerConfig {
         }
     }
 
+    /// The plaintext Pulsar listen address; None when `broker_bind` is
+    /// empty (allowed only with `broker_tls_bind`: plaintext off).
+    pub fn broker_addr_opt(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        if self.broker_bind.trim().is_empty() {
+            if self.broker_tls_bind.trim().is_empty() {
+                return Err(invalid(
+                    "broker_bind",
+                    "may be empty (plaintext off) only when broker_tls_bind is set",
+                ));
+            }
+            return Ok(None);
+        }
+        self.broker_addr().map(Some)
+    }
+
+    /// The plaintext HTTP listen address; None when `http_bind` is empty
+    /// (allowed only with `https_bind`: plaintext off).
+    pub fn http_addr_opt(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        if self.http_bind.trim().is_empty() {
+            if self.https_bind.trim().is_empty() {
+                return Err(invalid(
+                    "http_bind",
+                    "may be empty (plaintext off) only when https_bind is set",
+                ));
+            }
+            return Ok(None);
+        }
+        self.http_addr().map(Some)
+    }
+
     /// The Pulsar protocol listen address.
     pub fn broker_addr(&self) -> Result<SocketAddr, InvalidConfig> {
         self.broker_bind
@@ -481,6 +513,20 @@ mod tests {
             .try_get_matches_from(["t"])
             .unwrap();
         BrokerConfig::from_arg_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn plaintext_ports_may_be_off_only_with_their_tls_twin() {
+        let mut c = defaults();
+        c.broker_bind = String::new();
+        assert_eq!(c.validate(Mode::Standalone).unwrap_err().key, "broker_bind");
+        c.broker_tls_bind = "127.0.0.1:6651".into();
+        assert_eq!(c.broker_addr_opt(), Ok(None));
+        let mut c = defaults();
+        c.http_bind = String::new();
+        assert_eq!(c.validate(Mode::Standalone).unwrap_err().key, "http_bind");
+        c.https_bind = "127.0.0.1:8443".into();
+        assert_eq!(c.http_addr_opt(), Ok(None));
     }
 
     #[test]

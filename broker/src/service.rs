@@ -208,12 +208,23 @@ pub async fn run(
             "{e} (run `cms-broker init-cluster` against this store first)"
         ))
     })?;
-    let broker_listener = TcpListener::bind(config.broker_addr()?)
-        .await
-        .map_err(|e| BrokerError::Io(format!("binding {}: {e}", config.broker_bind)))?;
-    let http_listener = TcpListener::bind(config.http_addr()?)
-        .await
-        .map_err(|e| BrokerError::Io(format!("binding HTTP {}: {e}", config.http_bind)))?;
+    // An empty plaintext bind (allowed only with its TLS twin) = port off.
+    let broker_listener = match config.broker_addr_opt()? {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| BrokerError::Io(format!("binding {}: {e}", config.broker_bind)))?,
+        ),
+        None => None,
+    };
+    let http_listener = match config.http_addr_opt()? {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| BrokerError::Io(format!("binding HTTP {}: {e}", config.http_bind)))?,
+        ),
+        None => None,
+    };
     let tls = match config.tls_files() {
         Some(files) => Some(crate::tls::ReloadingTls::load(files).map_err(|e| {
             BrokerError::Config(crate::config::InvalidConfig {
@@ -236,16 +247,30 @@ pub async fn run(
             })?),
             None => None,
         };
-    let broker_addr = broker_listener
-        .local_addr()
-        .map_err(|e| BrokerError::Io(e.to_string()))?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|e| BrokerError::Io(e.to_string()))?;
+    let addr_of = |l: &Option<TcpListener>| -> Result<Option<SocketAddr>, BrokerError> {
+        l.as_ref()
+            .map(|l| l.local_addr().map_err(|e| BrokerError::Io(e.to_string())))
+            .transpose()
+    };
+    // The primary address of each protocol: plaintext when on, else TLS
+    // (validation guarantees one of each).
+    let (broker_addr, broker_scheme) =
+        match (addr_of(&broker_listener)?, addr_of(&broker_tls_listener)?) {
+            (Some(a), _) => (a, "pulsar"),
+            (None, Some(a)) => (a, "pulsar+ssl"),
+            (None, None) => {
+                return Err(BrokerError::Io("no Pulsar protocol port configured".into()));
+            }
+        };
+    let (http_addr, http_scheme) = match (addr_of(&http_listener)?, addr_of(&https_listener)?) {
+        (Some(a), _) => (a, "http"),
+        (None, Some(a)) => (a, "https"),
+        (None, None) => return Err(BrokerError::Io("no HTTP port configured".into())),
+    };
     let host = config.advertised_host(broker_addr);
-    let service_url = format!("pulsar://{host}:{}", broker_addr.port());
+    let service_url = format!("{broker_scheme}://{host}:{}", broker_addr.port());
     let http_url = format!(
-        "http://{}:{}",
+        "{http_scheme}://{}:{}",
         config.advertised_host(http_addr),
         http_addr.port()
     );
@@ -376,11 +401,16 @@ pub async fn run(
     let mut stop_http = state.shutdown_signal();
     let router = crate::http::router(state.clone());
     let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop_http.wait_for(|s| *s).await;
-            })
-            .await
+        match http_listener {
+            Some(l) => {
+                axum::serve(l, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop_http.wait_for(|s| *s).await;
+                    })
+                    .await
+            }
+            None => Ok(()),
+        }
     });
 
     let mut https = None;
@@ -426,7 +456,13 @@ pub async fn run(
         http: http_addr,
     });
 
-    let accept = accept_loop(state.clone(), broker_listener);
+    let accept = async {
+        match broker_listener {
+            Some(l) => accept_loop(state.clone(), l).await,
+            // Plaintext off: only the TLS accept loop serves.
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(accept);
     let mut expired = false;
     tokio::select! {

@@ -983,9 +983,19 @@ async fn tls_ports_trust_and_reload() {
     let su = format!("--superuser-roles={SUPERUSER}");
     let cert = format!("--tls-cert-file={}", cert_file.display());
     let tkey = format!("--tls-key-file={}", key_file.display());
-    let mut process = BrokerNode::standalone_builder("standalone-tls", &[])
+    // As `BrokerNode::standalone_builder`, but with the plaintext Pulsar
+    // port off: only pulsar+ssl:// serves.
+    let mut process = cms_tests::harness::process::ProcessBuilder::new("cms-broker")
+        .name("standalone-tls")
+        .port("pulsar")
+        .port("http")
         .port("tls")
         .port("https")
+        .arg("standalone")
+        .arg("--data-dir={dir}/data")
+        .arg("--broker-bind=")
+        .arg("--http-bind=127.0.0.1:{port:http}")
+        .arg("--standalone-disk-usage-threshold=0.999")
         .args([
             key.as_str(),
             aud.as_str(),
@@ -1042,6 +1052,14 @@ async fn tls_ports_trust_and_reload() {
         Some(None) => {}
         other => panic!("plaintext to the TLS port: expected a close, got {other:?}"),
     }
+
+    // The plaintext Pulsar port is off.
+    assert!(
+        tokio::net::TcpStream::connect(broker.pulsar())
+            .await
+            .is_err(),
+        "the plaintext Pulsar port answers although --broker-bind is empty"
+    );
 
     // HTTPS admin API with the CA.
     let https = reqwest::Client::builder()
