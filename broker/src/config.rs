@@ -46,10 +46,12 @@ pub struct BrokerConfig {
     #[arg(long, default_value_t = 5000)]
     pub load_report_interval_ms: u64,
 
-    /// Pulsar binary protocol listen address.
+    /// Pulsar binary protocol listen address; empty = plaintext off (only
+    /// with `broker_tls_bind`).
     #[arg(long, default_value = "0.0.0.0:6650")]
     pub broker_bind: String,
-    /// HTTP listen address (`/health`, `/ready`, `/metrics`, later `/admin/v2`).
+    /// HTTP listen address (`/health`, `/ready`, `/metrics`, `/admin/v2`);
+    /// empty = plaintext off (only with `https_bind`).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub http_bind: String,
     /// Host clients are told to connect to (LOOKUP answers); empty = the bind
@@ -150,6 +152,54 @@ pub struct BrokerConfig {
     #[arg(long, default_value_t = 10_000)]
     pub dedup_producers_max: usize,
 
+    /// Require token authentication even without a key flag (the broker
+    /// then refuses to start: fail closed). Giving `auth_secret_key` or
+    /// `auth_public_key` turns authentication and authorization on.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub authentication_enabled: bool,
+    /// HMAC secret key file (raw bytes, `cms-broker tokens create-secret-key`);
+    /// empty = none.
+    #[arg(long, default_value = "")]
+    pub auth_secret_key: String,
+    /// Public key file (PEM, RSA or EC; `tokens create-key-pair`); empty = none.
+    #[arg(long, default_value = "")]
+    pub auth_public_key: String,
+    /// Audience tokens must carry (`aud`); empty = not checked.
+    #[arg(long, default_value = "")]
+    pub auth_audience: String,
+    /// Clock skew tolerated on token `exp` / `nbf`, in seconds (at most 600).
+    #[arg(long, default_value_t = 0)]
+    pub auth_clock_skew_s: u64,
+    /// A connection whose token expired is sent AUTH_CHALLENGE and closed
+    /// if no valid AUTH_RESPONSE arrives within this long, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub auth_refresh_timeout_s: u64,
+    /// Superuser roles, comma-separated.
+    #[arg(long, default_value = "")]
+    pub superuser_roles: String,
+
+    /// Pulsar protocol over TLS (`pulsar+ssl://`) listen address, e.g.
+    /// `0.0.0.0:6651`; empty = off. Needs `tls_cert_file` and `tls_key_file`.
+    #[arg(long, default_value = "")]
+    pub broker_tls_bind: String,
+    /// HTTPS listen address (admin API, lookup, health), e.g. `0.0.0.0:8443`;
+    /// empty = off. Needs `tls_cert_file` and `tls_key_file`.
+    #[arg(long, default_value = "")]
+    pub https_bind: String,
+    /// TLS certificate chain file (PEM); reloaded when it changes.
+    #[arg(long, default_value = "")]
+    pub tls_cert_file: String,
+    /// TLS private key file (PEM); reloaded when it changes.
+    #[arg(long, default_value = "")]
+    pub tls_key_file: String,
+    /// CA file (PEM) client certificates must chain to when a client offers
+    /// one; empty = client certificates are not requested.
+    #[arg(long, default_value = "")]
+    pub tls_trust_certs_file: String,
+    /// How often the TLS files are checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub tls_reload_interval_ms: u64,
+
     /// Standalone only: directory of all data (metadata store, journal, ledgers).
     #[arg(long, default_value = "data/standalone")]
     pub data_dir: PathBuf,
@@ -170,6 +220,16 @@ pub struct InvalidConfig {
     pub key: String,
     /// Why.
     pub reason: String,
+}
+
+fn parse_optional_addr(key: &str, v: &str) -> Result<Option<SocketAddr>, InvalidConfig> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse()
+        .map(Some)
+        .map_err(|e| invalid(key, format!("{v:?} is not host:port: {e}")))
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> InvalidConfig {
@@ -200,10 +260,53 @@ pub struct Replication {
 }
 
 impl BrokerConfig {
+    /// The TLS files when a TLS port is configured.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        if self.broker_tls_bind.trim().is_empty() && self.https_bind.trim().is_empty() {
+            return None;
+        }
+        let trust = self.tls_trust_certs_file.trim();
+        Some(crate::tls::TlsFiles {
+            cert: PathBuf::from(self.tls_cert_file.trim()),
+            key: PathBuf::from(self.tls_key_file.trim()),
+            trust: (!trust.is_empty()).then(|| PathBuf::from(trust)),
+        })
+    }
+
+    /// The `pulsar+ssl://` listen address, if any.
+    pub fn broker_tls_addr(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        parse_optional_addr("broker_tls_bind", &self.broker_tls_bind)
+    }
+
+    /// The HTTPS listen address, if any.
+    pub fn https_addr(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        parse_optional_addr("https_bind", &self.https_bind)
+    }
+
+    /// The authentication settings (paths and roles as configured).
+    pub fn auth_settings(&self) -> crate::auth::AuthSettings {
+        let path = |s: &str| (!s.trim().is_empty()).then(|| PathBuf::from(s.trim()));
+        crate::auth::AuthSettings {
+            enabled: self.authentication_enabled,
+            secret_key: path(&self.auth_secret_key),
+            public_key: path(&self.auth_public_key),
+            audience: (!self.auth_audience.trim().is_empty())
+                .then(|| self.auth_audience.trim().to_string()),
+            clock_skew_s: self.auth_clock_skew_s,
+            superuser_roles: self
+                .superuser_roles
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_string)
+                .collect(),
+        }
+    }
+
     /// Checks values that parse but cannot work in `mode`.
     pub fn validate(&self, mode: Mode) -> Result<(), InvalidConfig> {
-        self.broker_addr()?;
-        self.http_addr()?;
+        self.broker_addr_opt()?;
+        self.http_addr_opt()?;
         if mode == Mode::Cluster {
             self.metadata_url()?;
         }
@@ -260,6 +363,34 @@ impl BrokerConfig {
         }
         if self.dedup_snapshot_interval_s == 0 {
             return Err(invalid("dedup_snapshot_interval_s", "must be at least 1"));
+        }
+        self.broker_tls_addr()?;
+        self.https_addr()?;
+        if let Some(files) = self.tls_files() {
+            if files.cert.as_os_str().is_empty() || files.key.as_os_str().is_empty() {
+                return Err(invalid(
+                    "tls_cert_file",
+                    "a TLS port is configured: tls_cert_file and tls_key_file are needed",
+                ));
+            }
+            crate::tls::server_config(&files)
+                .map_err(|e| invalid("tls_cert_file", e.to_string()))?;
+        }
+        if self.tls_reload_interval_ms == 0 {
+            return Err(invalid("tls_reload_interval_ms", "must be at least 1"));
+        }
+        if self.auth_refresh_timeout_s == 0 {
+            return Err(invalid("auth_refresh_timeout_s", "must be at least 1"));
+        }
+        if let Err(e) = crate::auth::Authenticator::from_settings(&self.auth_settings()) {
+            let key = if self.auth_clock_skew_s > crate::auth::CLOCK_SKEW_S_MAX {
+                "auth_clock_skew_s"
+            } else if !self.auth_public_key.is_empty() {
+                "auth_public_key"
+            } else {
+                "auth_secret_key"
+            };
+            return Err(invalid(key, e.to_string()));
         }
         if self.keep_alive_interval_s == 0 {
             return Err(invalid("keep_alive_interval_s", "must be at least 1"));
@@ -325,6 +456,36 @@ impl BrokerConfig {
         }
     }
 
+    /// The plaintext Pulsar listen address; None when `broker_bind` is
+    /// empty (allowed only with `broker_tls_bind`: plaintext off).
+    pub fn broker_addr_opt(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        if self.broker_bind.trim().is_empty() {
+            if self.broker_tls_bind.trim().is_empty() {
+                return Err(invalid(
+                    "broker_bind",
+                    "may be empty (plaintext off) only when broker_tls_bind is set",
+                ));
+            }
+            return Ok(None);
+        }
+        self.broker_addr().map(Some)
+    }
+
+    /// The plaintext HTTP listen address; None when `http_bind` is empty
+    /// (allowed only with `https_bind`: plaintext off).
+    pub fn http_addr_opt(&self) -> Result<Option<SocketAddr>, InvalidConfig> {
+        if self.http_bind.trim().is_empty() {
+            if self.https_bind.trim().is_empty() {
+                return Err(invalid(
+                    "http_bind",
+                    "may be empty (plaintext off) only when https_bind is set",
+                ));
+            }
+            return Ok(None);
+        }
+        self.http_addr().map(Some)
+    }
+
     /// The Pulsar protocol listen address.
     pub fn broker_addr(&self) -> Result<SocketAddr, InvalidConfig> {
         self.broker_bind
@@ -382,6 +543,20 @@ mod tests {
             .try_get_matches_from(["t"])
             .unwrap();
         BrokerConfig::from_arg_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn plaintext_ports_may_be_off_only_with_their_tls_twin() {
+        let mut c = defaults();
+        c.broker_bind = String::new();
+        assert_eq!(c.validate(Mode::Standalone).unwrap_err().key, "broker_bind");
+        c.broker_tls_bind = "127.0.0.1:6651".into();
+        assert_eq!(c.broker_addr_opt(), Ok(None));
+        let mut c = defaults();
+        c.http_bind = String::new();
+        assert_eq!(c.validate(Mode::Standalone).unwrap_err().key, "http_bind");
+        c.https_bind = "127.0.0.1:8443".into();
+        assert_eq!(c.http_addr_opt(), Ok(None));
     }
 
     #[test]

@@ -26,7 +26,16 @@
 //! - keep-alive: PING after `keep_alive_interval_s` without input, close
 //!   after twice that (never while reads are paused for backpressure);
 //! - when the connection ends, its producers and consumers leave their
-//!   topics and subscriptions.
+//!   topics and subscriptions;
+//! - with authentication on ([`crate::auth`]), CONNECT must carry a valid
+//!   token (method `token`) or the connection gets ERROR
+//!   `AuthenticationError` and is closed; LOOKUP, PARTITIONED_METADATA,
+//!   PRODUCER, SUBSCRIBE, GET_TOPICS_OF_NAMESPACE and the schema commands
+//!   are each authorized for the connection's role (denied:
+//!   `AuthorizationError`, the connection stays open); once the token
+//!   expires the broker sends AUTH_CHALLENGE and closes the connection if
+//!   no valid AUTH_RESPONSE (same role) arrives within
+//!   `auth_refresh_timeout_s`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -124,7 +133,14 @@ async fn lookup_reply(state: &BrokerState, c: &CommandLookupTopic) -> BaseComman
             let authoritative = c.authoritative.unwrap_or(false);
             match state.ownership.lookup(&name, authoritative).await {
                 Ok(LookupAnswer::Connect) => {
-                    commands::lookup_response_connect(c.request_id, &state.service_url, true)
+                    let mut r =
+                        commands::lookup_response_connect(c.request_id, &state.service_url, true);
+                    if let (Some(l), Some(tls)) =
+                        (r.lookup_topic_response.as_mut(), &state.service_url_tls)
+                    {
+                        l.broker_service_url_tls = Some(tls.clone());
+                    }
+                    r
                 }
                 Ok(LookupAnswer::Redirect { service_url, .. }) => {
                     commands::lookup_response_redirect(c.request_id, &service_url, true)
@@ -231,6 +247,12 @@ pub struct Conn {
     held: Option<Arc<Topic>>,
     /// Socket reads pause until then (publish rate or backlog hold).
     throttle_until: Option<Instant>,
+    /// The authenticated role (None while authentication is off).
+    role: Option<String>,
+    /// Expiry of the connection's token (seconds since the epoch).
+    auth_exp: Option<u64>,
+    /// When an AUTH_CHALLENGE went out unanswered.
+    challenged_at: Option<Instant>,
 }
 
 /// Why the reader task stops.
@@ -243,18 +265,36 @@ pub(crate) enum CloseReason {
     Idle,
     /// Broker shutdown.
     Shutdown,
+    /// Authentication refused or not refreshed.
+    AuthFailed(String),
 }
 
 /// Serves one accepted connection until it closes.
 pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, peer: SocketAddr) {
     let id = state.next_connection_id();
     let span = info_span!("connection", conn = id, peer = %peer);
-    serve_inner(state, stream, id).instrument(span).await
+    let (rd, wr) = stream.into_split();
+    serve_inner(state, rd, wr, id).instrument(span).await
 }
 
-async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
+/// Serves one accepted TLS connection (`pulsar+ssl://`) until it closes.
+pub async fn serve_tls(
+    state: Arc<BrokerState>,
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    peer: SocketAddr,
+) {
+    let id = state.next_connection_id();
+    let span = info_span!("connection", conn = id, peer = %peer, tls = true);
+    let (rd, wr) = tokio::io::split(stream);
+    serve_inner(state, rd, wr, id).instrument(span).await
+}
+
+async fn serve_inner<R, W>(state: Arc<BrokerState>, rd: R, wr: W, id: u64)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let frame_max = state.config.frame_bytes_max();
-    let (rd, wr) = stream.into_split();
     let mut reader = FramedRead::new(rd, PulsarCodec::new(frame_max));
     let mut writer = FramedWrite::new(wr, PulsarCodec::new(frame_max));
     let (out, mut out_rx) = mpsc::channel::<Frame>(state.config.outbound_queue_max);
@@ -300,6 +340,9 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
         owed: Vec::new(),
         held: None,
         throttle_until: None,
+        role: None,
+        auth_exp: None,
+        challenged_at: None,
     };
     let keep_alive = Duration::from_secs(state.config.keep_alive_interval_s);
     // Checked four times per interval so a PING goes out within a quarter
@@ -343,6 +386,9 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
                 }
             }
             _ = ticker.tick() => {
+                if let Err(why) = conn.check_auth_expiry() {
+                    break why;
+                }
                 let idle = last_rx.elapsed();
                 let reading = reserved.is_some() && conn.throttle_until.is_none();
                 if reading && idle >= keep_alive * 2 {
@@ -365,6 +411,10 @@ async fn serve_inner(state: Arc<BrokerState>, stream: TcpStream, id: u64) {
         }
         CloseReason::Idle => info!("closing the connection: no keep-alive answer"),
         CloseReason::Shutdown => debug!("closing the connection: broker shutdown"),
+        CloseReason::AuthFailed(why) => {
+            state.metrics.connections_bad_input.inc();
+            warn!(reason = %why, "closing the connection: authentication");
+        }
     }
     conn.cleanup().await;
     drop(conn);
@@ -501,6 +551,10 @@ impl Conn {
                 cmd.r#type
             )));
         };
+        if let Err(denied) = self.authorize(ty, &cmd).await {
+            self.send(denied).await;
+            return Ok(());
+        }
         match ty {
             Type::Connect => Err(CloseReason::BadInput("second CONNECT".into())),
             Type::Ping => {
@@ -603,20 +657,7 @@ impl Conn {
                     .await;
                 Ok(())
             }
-            Type::AuthResponse => {
-                self.send_error(
-                    request_id_of(&cmd),
-                    (
-                        ServerError::NotAllowedError,
-                        format!(
-                            "{} is not supported by this broker yet",
-                            commands::command_name(&cmd)
-                        ),
-                    ),
-                )
-                .await;
-                Ok(())
-            }
+            Type::AuthResponse => self.on_auth_response(&cmd).await,
             // Broker-to-client commands sent by a client.
             _ => {
                 self.send_error(
@@ -639,6 +680,28 @@ impl Conn {
         let c = cmd.connect.as_ref().ok_or_else(|| missing("CONNECT"))?;
         let client = c.protocol_version.unwrap_or(0);
         self.protocol_version = client.clamp(0, PROTOCOL_VERSION_MAX);
+        if let Some(auth) = self.state.auth.clone() {
+            let token = match c.auth_method_name.as_deref() {
+                Some(crate::auth::TOKEN_METHOD) => c.auth_data.as_deref().unwrap_or_default(),
+                Some("none") | None => &[][..],
+                Some(other) => {
+                    return self
+                        .refuse_auth(format!(
+                            "authentication method {other:?} is not supported; use \"token\""
+                        ))
+                        .await;
+                }
+            };
+            let token = String::from_utf8_lossy(token);
+            match auth.authenticate(&token) {
+                Ok(id) => {
+                    debug!(role = %id.role, "authenticated");
+                    self.role = Some(id.role);
+                    self.auth_exp = id.exp;
+                }
+                Err(e) => return self.refuse_auth(e.to_string()).await,
+            }
+        }
         self.connected = true;
         // What one ledger entry holds, less the frame padding the message
         // metadata may use: a client keeps its payloads within this, so a
@@ -662,6 +725,172 @@ impl Conn {
         ))
         .await;
         Ok(())
+    }
+
+    /// ERROR `AuthenticationError` (request id 0) and close this connection.
+    async fn refuse_auth(&self, reason: String) -> Result<(), CloseReason> {
+        self.send_error(0, (ServerError::AuthenticationError, reason.clone()))
+            .await;
+        Err(CloseReason::AuthFailed(reason))
+    }
+
+    /// On a tick: challenge an expired token, close when unanswered.
+    fn check_auth_expiry(&mut self) -> Result<(), CloseReason> {
+        let Some(auth) = self.state.auth.as_ref() else {
+            return Ok(());
+        };
+        if !self.connected || !auth.expired(self.auth_exp, crate::auth::now_s()) {
+            return Ok(());
+        }
+        let timeout = Duration::from_secs(self.state.config.auth_refresh_timeout_s);
+        match self.challenged_at {
+            None => {
+                let challenge = BaseCommand {
+                    r#type: Type::AuthChallenge as i32,
+                    auth_challenge: Some(cms_client::proto::pulsar::CommandAuthChallenge {
+                        server_version: Some(SERVER_VERSION.to_string()),
+                        challenge: Some(cms_client::proto::pulsar::AuthData {
+                            auth_method_name: Some(crate::auth::TOKEN_METHOD.to_string()),
+                            auth_data: Some(Bytes::from_static(b"refresh")),
+                        }),
+                        protocol_version: Some(self.protocol_version),
+                    }),
+                    ..Default::default()
+                };
+                let _ = self.out.try_send(Frame::Command(challenge));
+                self.challenged_at = Some(Instant::now());
+                debug!("token expired: AUTH_CHALLENGE sent");
+                Ok(())
+            }
+            Some(at) if at.elapsed() >= timeout => Err(CloseReason::AuthFailed(format!(
+                "token expired and no valid AUTH_RESPONSE within {} s",
+                timeout.as_secs()
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// AUTH_RESPONSE: a refreshed token for the same role.
+    async fn on_auth_response(&mut self, cmd: &BaseCommand) -> Result<(), CloseReason> {
+        let c = cmd
+            .auth_response
+            .as_ref()
+            .ok_or_else(|| missing("AUTH_RESPONSE"))?;
+        let Some(auth) = self.state.auth.clone() else {
+            self.send_error(
+                0,
+                (
+                    ServerError::NotAllowedError,
+                    "authentication is not enabled on this broker".into(),
+                ),
+            )
+            .await;
+            return Ok(());
+        };
+        let token = c
+            .response
+            .as_ref()
+            .and_then(|r| r.auth_data.as_deref())
+            .unwrap_or_default();
+        match auth.authenticate(&String::from_utf8_lossy(token)) {
+            Ok(id) if Some(&id.role) == self.role.as_ref() => {
+                self.auth_exp = id.exp;
+                self.challenged_at = None;
+                debug!("token refreshed");
+                Ok(())
+            }
+            Ok(id) => {
+                self.refuse_auth(format!(
+                    "refreshed token is for role {}, the connection's is {}",
+                    id.role,
+                    self.role.as_deref().unwrap_or("")
+                ))
+                .await
+            }
+            Err(e) => self.refuse_auth(e.to_string()).await,
+        }
+    }
+
+    /// Authorizes a command for this connection's role; Err(the answer).
+    async fn authorize(&self, ty: Type, cmd: &BaseCommand) -> Result<(), BaseCommand> {
+        use crate::auth::{NamespaceOp, TopicOp};
+        let (Some(auth), Some(role)) = (self.state.auth.clone(), self.role.as_deref()) else {
+            return Ok(());
+        };
+        let topic_op = match ty {
+            Type::Lookup => cmd
+                .lookup_topic
+                .as_ref()
+                .map(|c| (c.topic.as_str(), TopicOp::Lookup)),
+            Type::PartitionedMetadata => cmd
+                .partition_metadata
+                .as_ref()
+                .map(|c| (c.topic.as_str(), TopicOp::Lookup)),
+            Type::Producer => cmd
+                .producer
+                .as_ref()
+                .map(|c| (c.topic.as_str(), TopicOp::Produce)),
+            Type::Subscribe => cmd.subscribe.as_ref().map(|c| {
+                (
+                    c.topic.as_str(),
+                    TopicOp::Consume {
+                        subscription: Some(c.subscription.clone()),
+                    },
+                )
+            }),
+            Type::GetSchema => cmd
+                .get_schema
+                .as_ref()
+                .map(|c| (c.topic.as_str(), TopicOp::Lookup)),
+            Type::GetOrCreateSchema => cmd
+                .get_or_create_schema
+                .as_ref()
+                .map(|c| (c.topic.as_str(), TopicOp::Produce)),
+            _ => None,
+        };
+        let request_id = request_id_of(cmd);
+        let result = if let Some((topic, op)) = topic_op {
+            match TopicName::parse(topic) {
+                Ok(name) => crate::auth::check_topic(&self.state, &auth, role, &name, &op)
+                    .await
+                    .map_err(|m| (ServerError::AuthorizationError, m)),
+                Err(e) => Err((ServerError::InvalidTopicName, e.to_string())),
+            }
+        } else if ty == Type::GetTopicsOfNamespace
+            && let Some(c) = cmd.get_topics_of_namespace.as_ref()
+        {
+            match c.namespace.split_once('/') {
+                Some((tenant, ns)) if !ns.contains('/') => crate::auth::check_namespace(
+                    &self.state,
+                    &auth,
+                    role,
+                    tenant,
+                    ns,
+                    NamespaceOp::ListTopics,
+                )
+                .await
+                .map_err(|m| (ServerError::AuthorizationError, m)),
+                _ => Err((
+                    ServerError::MetadataError,
+                    format!("bad namespace name {:?}", c.namespace),
+                )),
+            }
+        } else {
+            Ok(())
+        };
+        let Err((code, msg)) = result else {
+            return Ok(());
+        };
+        if code == ServerError::AuthorizationError {
+            info!(role = %role, command = commands::command_name(cmd), reason = %msg, "denied");
+        }
+        Err(match ty {
+            Type::Lookup => commands::lookup_response_failed(request_id, code, msg),
+            Type::PartitionedMetadata => {
+                commands::partitioned_metadata_failed(request_id, code, msg)
+            }
+            _ => commands::error(request_id, code, msg),
+        })
     }
 
     /// Answers a LOOKUP in its own task (it may wait for a dead owner's

@@ -94,6 +94,7 @@ async fn lookup(
     State(s): State<Arc<BrokerState>>,
     Path((domain, tenant, namespace, topic)): Path<(String, String, String, String)>,
     Query(q): Query<LookupQuery>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     let bad =
         |status: StatusCode, reason: String| json(status, serde_json::json!({"reason": reason}));
@@ -102,6 +103,12 @@ async fn lookup(
         Ok(n) => n,
         Err(e) => return bad(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    if let Err(denied) =
+        crate::admin::authz::authorize_topic(&s, &headers, &name, &crate::auth::TopicOp::Lookup)
+            .await
+    {
+        return denied;
+    }
     let answer = tokio::time::timeout(
         Duration::from_millis(LOOKUP_TIMEOUT_MS),
         s.ownership.lookup(&name, q.authoritative),
@@ -113,7 +120,7 @@ async fn lookup(
             StatusCode::OK,
             serde_json::json!({
                 "brokerUrl": s.service_url,
-                "brokerUrlTls": "",
+                "brokerUrlTls": s.service_url_tls.clone().unwrap_or_default(),
                 "httpUrl": s.http_url,
                 "httpUrlTls": "",
                 "nativeUrl": s.service_url,

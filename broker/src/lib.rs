@@ -27,9 +27,12 @@
 //! - [`quota`], [`quota_io`] — tenant / namespace quotas: the pure model and
 //!   allocation, and their enforcement (rates, counts, backlog policies,
 //!   usage shared across brokers);
+//! - [`auth`] — token authentication, authorization, `cms-broker tokens`;
+//! - [`tls`] — TLS for the `pulsar+ssl` and `https` ports, reloaded on change;
 //! - [`standalone`] — embedded store + in-process bookie + broker.
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod consumers;
@@ -52,6 +55,7 @@ pub mod standalone;
 pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
+pub mod tls;
 pub mod topic_discovery;
 pub mod topic_metrics;
 pub mod topic_name;

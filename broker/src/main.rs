@@ -1,7 +1,8 @@
 //! `cms-broker` binary: `init-cluster` (metadata layout, cluster node,
 //! tenant `public` and namespace `public/default`; idempotent), `serve` (the
 //! broker against ZooKeeper and real bookies) and `standalone` (embedded
-//! metadata store + in-process bookie + broker, data under `--data-dir`).
+//! metadata store + in-process bookie + broker, data under `--data-dir`) and
+//! `tokens` (keys and JWT tokens for authentication, as `pulsar tokens`).
 
 use std::process::ExitCode;
 
@@ -55,6 +56,141 @@ enum Command {
         #[command(flatten)]
         config: Box<BrokerConfig>,
     },
+    /// Keys and tokens for authentication (see docs/security.md).
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+    },
+}
+
+/// `cms-broker tokens ...`.
+#[derive(Debug, Subcommand)]
+enum TokensCommand {
+    /// Write a new random HMAC secret key (32 raw bytes, mode 0600).
+    CreateSecretKey {
+        /// File to write.
+        #[arg(long)]
+        output: std::path::PathBuf,
+    },
+    /// Write a new key pair: private key (PEM PKCS#8, mode 0600) for
+    /// `tokens create --private-key`, public key (PEM) for `--auth-public-key`.
+    CreateKeyPair {
+        /// Private key file to write.
+        #[arg(long)]
+        output_private_key: std::path::PathBuf,
+        /// Public key file to write.
+        #[arg(long)]
+        output_public_key: std::path::PathBuf,
+        /// Signature algorithm of the tokens.
+        #[arg(long, value_enum, default_value = "rs256")]
+        algorithm: cms_broker::auth::KeyPairAlgorithm,
+    },
+    /// Print a new token for a role.
+    Create {
+        /// HMAC secret key file (HS256).
+        #[arg(
+            long,
+            conflicts_with = "private_key",
+            required_unless_present = "private_key"
+        )]
+        secret_key: Option<String>,
+        /// Private key file (RS256 / ES256).
+        #[arg(long)]
+        private_key: Option<String>,
+        /// The role (`sub`).
+        #[arg(long)]
+        subject: String,
+        /// Lifetime, e.g. `30m`, `1h`, `7d`; none = the token never expires.
+        #[arg(long)]
+        expiry: Option<String>,
+        /// Audience (`aud`).
+        #[arg(long)]
+        audience: Option<String>,
+    },
+}
+
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `file:///x` or `/x`.
+fn key_path(s: &str) -> &str {
+    s.strip_prefix("file://").unwrap_or(s)
+}
+
+fn run_tokens(cmd: TokensCommand) -> anyhow::Result<()> {
+    use cms_broker::auth;
+    match cmd {
+        TokensCommand::CreateSecretKey { output } => {
+            write_private(&output, &auth::new_secret_key())?;
+            eprintln!("secret key written to {}", output.display());
+        }
+        TokensCommand::CreateKeyPair {
+            output_private_key,
+            output_public_key,
+            algorithm,
+        } => {
+            let (private, public) = auth::new_key_pair(algorithm)?;
+            write_private(&output_private_key, private.as_bytes())?;
+            std::fs::write(&output_public_key, public.as_bytes())
+                .with_context(|| format!("writing {}", output_public_key.display()))?;
+            eprintln!(
+                "private key written to {}, public key to {}",
+                output_private_key.display(),
+                output_public_key.display()
+            );
+        }
+        TokensCommand::Create {
+            secret_key,
+            private_key,
+            subject,
+            expiry,
+            audience,
+        } => {
+            if subject.is_empty() {
+                anyhow::bail!("--subject must not be empty");
+            }
+            let key = match (secret_key, private_key) {
+                (Some(p), _) => auth::SigningKey::Secret(
+                    std::fs::read(key_path(&p)).with_context(|| format!("reading {p}"))?,
+                ),
+                (None, Some(p)) => auth::SigningKey::Private(
+                    std::fs::read(key_path(&p)).with_context(|| format!("reading {p}"))?,
+                ),
+                (None, None) => anyhow::bail!("give --secret-key or --private-key"),
+            };
+            let exp = match expiry {
+                Some(e) => Some(
+                    auth::now_s()
+                        + auth::parse_duration_s(&e)
+                            .map_err(|m| anyhow::anyhow!("--expiry: {m}"))?,
+                ),
+                None => None,
+            };
+            let token = auth::create_token(
+                &key,
+                &auth::Claims {
+                    sub: subject,
+                    exp,
+                    nbf: None,
+                    aud: audience,
+                },
+            )?;
+            println!("{token}");
+        }
+    }
+    Ok(())
 }
 
 /// Options of `cms-broker init-cluster`.
@@ -85,6 +221,15 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Command::Tokens { command } = cli.command {
+        return match run_tokens(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if let Err(e) = init_logging(&cli.log) {
         exit_config_error(&e);
     }
@@ -93,6 +238,7 @@ fn main() -> ExitCode {
         Command::InitCluster { file, .. } => run_main(run_init_cluster(sub, &file)),
         Command::Serve { file, .. } => run_main(run_broker(sub, &file, Mode::Cluster)),
         Command::Standalone { file, .. } => run_main(run_broker(sub, &file, Mode::Standalone)),
+        Command::Tokens { .. } => ExitCode::SUCCESS,
     }
 }
 

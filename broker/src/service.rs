@@ -81,6 +81,11 @@ pub struct BrokerState {
     pub service_url: String,
     /// `http://<advertised host>:<port>`.
     pub http_url: String,
+    /// `pulsar+ssl://<advertised host>:<port>` when the TLS port is on.
+    pub service_url_tls: Option<String>,
+    /// Token authentication and authorization; None = off (everyone may do
+    /// everything, as before security was configured).
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
     producer_name_prefix: String,
     producer_seq: AtomicU64,
     conn_seq: AtomicU64,
@@ -192,27 +197,82 @@ pub async fn run(
     config.validate(mode)?;
     let layout =
         Layout::new(&config.metadata_root).map_err(|e| BrokerError::Metadata(e.to_string()))?;
+    let auth = crate::auth::Authenticator::from_settings(&config.auth_settings())
+        .map_err(|e| {
+            BrokerError::Config(crate::config::InvalidConfig {
+                key: "auth_secret_key".into(),
+                reason: e.to_string(),
+            })
+        })?
+        .map(Arc::new);
     let cluster = read_cluster(&*store, &layout).await.map_err(|e| {
         BrokerError::Metadata(format!(
             "{e} (run `cms-broker init-cluster` against this store first)"
         ))
     })?;
-    let broker_listener = TcpListener::bind(config.broker_addr()?)
-        .await
-        .map_err(|e| BrokerError::Io(format!("binding {}: {e}", config.broker_bind)))?;
-    let http_listener = TcpListener::bind(config.http_addr()?)
-        .await
-        .map_err(|e| BrokerError::Io(format!("binding HTTP {}: {e}", config.http_bind)))?;
-    let broker_addr = broker_listener
-        .local_addr()
-        .map_err(|e| BrokerError::Io(e.to_string()))?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|e| BrokerError::Io(e.to_string()))?;
+    // An empty plaintext bind (allowed only with its TLS twin) = port off.
+    let broker_listener = match config.broker_addr_opt()? {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| BrokerError::Io(format!("binding {}: {e}", config.broker_bind)))?,
+        ),
+        None => None,
+    };
+    let http_listener = match config.http_addr_opt()? {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| BrokerError::Io(format!("binding HTTP {}: {e}", config.http_bind)))?,
+        ),
+        None => None,
+    };
+    let tls = match config.tls_files() {
+        Some(files) => Some(crate::tls::ReloadingTls::load(files).map_err(|e| {
+            BrokerError::Config(crate::config::InvalidConfig {
+                key: "tls_cert_file".into(),
+                reason: e.to_string(),
+            })
+        })?),
+        None => None,
+    };
+    let broker_tls_listener = match config.broker_tls_addr()? {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
+            BrokerError::Io(format!("binding TLS {}: {e}", config.broker_tls_bind))
+        })?),
+        None => None,
+    };
+    let https_listener =
+        match config.https_addr()? {
+            Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
+                BrokerError::Io(format!("binding HTTPS {}: {e}", config.https_bind))
+            })?),
+            None => None,
+        };
+    let addr_of = |l: &Option<TcpListener>| -> Result<Option<SocketAddr>, BrokerError> {
+        l.as_ref()
+            .map(|l| l.local_addr().map_err(|e| BrokerError::Io(e.to_string())))
+            .transpose()
+    };
+    // The primary address of each protocol: plaintext when on, else TLS
+    // (validation guarantees one of each).
+    let (broker_addr, broker_scheme) =
+        match (addr_of(&broker_listener)?, addr_of(&broker_tls_listener)?) {
+            (Some(a), _) => (a, "pulsar"),
+            (None, Some(a)) => (a, "pulsar+ssl"),
+            (None, None) => {
+                return Err(BrokerError::Io("no Pulsar protocol port configured".into()));
+            }
+        };
+    let (http_addr, http_scheme) = match (addr_of(&http_listener)?, addr_of(&https_listener)?) {
+        (Some(a), _) => (a, "http"),
+        (None, Some(a)) => (a, "https"),
+        (None, None) => return Err(BrokerError::Io("no HTTP port configured".into())),
+    };
     let host = config.advertised_host(broker_addr);
-    let service_url = format!("pulsar://{host}:{}", broker_addr.port());
+    let service_url = format!("{broker_scheme}://{host}:{}", broker_addr.port());
     let http_url = format!(
-        "http://{}:{}",
+        "{http_scheme}://{}:{}",
         config.advertised_host(http_addr),
         http_addr.port()
     );
@@ -310,6 +370,10 @@ pub async fn run(
     ownership.start();
     let mut fatal = ownership.fatal_signal();
     let quota = crate::quota_io::QuotaService::new(broker_id, store.clone(), layout.clone());
+    let service_url_tls = broker_tls_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| format!("pulsar+ssl://{}:{}", config.advertised_host(a), a.port()));
     let state = Arc::new(BrokerState {
         config,
         mode,
@@ -325,6 +389,8 @@ pub async fn run(
         cluster_name: cluster.name.clone(),
         service_url: service_url.clone(),
         http_url: http_url.clone(),
+        service_url_tls,
+        auth,
         producer_name_prefix: format!("{}-{incarnation}", cluster.name),
         producer_seq: AtomicU64::new(0),
         conn_seq: AtomicU64::new(1),
@@ -350,12 +416,46 @@ pub async fn run(
     let mut stop_http = state.shutdown_signal();
     let router = crate::http::router(state.clone());
     let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop_http.wait_for(|s| *s).await;
-            })
-            .await
+        match http_listener {
+            Some(l) => {
+                axum::serve(l, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop_http.wait_for(|s| *s).await;
+                    })
+                    .await
+            }
+            None => Ok(()),
+        }
     });
+
+    let mut https = None;
+    if let Some(tls) = &tls {
+        tls.spawn_reloader(
+            Duration::from_millis(state.config.tls_reload_interval_ms),
+            state.shutdown_signal(),
+        );
+        if let Some(l) = https_listener {
+            let addr = l.local_addr().map_err(|e| BrokerError::Io(e.to_string()))?;
+            let listener = crate::tls::HttpsListener::new(l, tls.clone())
+                .map_err(|e| BrokerError::Io(e.to_string()))?;
+            let router = crate::http::router(state.clone());
+            let mut stop = state.shutdown_signal();
+            info!(https = %addr, "HTTPS serving");
+            https = Some(tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+            }));
+        }
+        if let Some(l) = broker_tls_listener {
+            if let Ok(a) = l.local_addr() {
+                info!(broker_tls = %a, "Pulsar protocol over TLS serving");
+            }
+            tokio::spawn(tls_accept_loop(state.clone(), l, tls.clone()));
+        }
+    }
 
     state.serving.store(true, Ordering::Release);
     info!(
@@ -371,7 +471,13 @@ pub async fn run(
         http: http_addr,
     });
 
-    let accept = accept_loop(state.clone(), broker_listener);
+    let accept = async {
+        match broker_listener {
+            Some(l) => accept_loop(state.clone(), l).await,
+            // Plaintext off: only the TLS accept loop serves.
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(accept);
     let mut expired = false;
     tokio::select! {
@@ -399,6 +505,13 @@ pub async fn run(
     if let Err(e) = store.delete(&reg_path, Expected::Any).await {
         warn!(error = %e, "deregistering the broker");
     }
+    if let Some(h) = https
+        && tokio::time::timeout(Duration::from_secs(5), h)
+            .await
+            .is_err()
+    {
+        warn!("HTTPS server did not stop in 5 s");
+    }
     match tokio::time::timeout(Duration::from_secs(5), http).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server"),
@@ -412,6 +525,49 @@ pub async fn run(
         ));
     }
     Ok(())
+}
+
+/// The `pulsar+ssl://` accept loop: same connection limits as the
+/// plaintext port; each handshake (bounded) runs in the connection's task.
+async fn tls_accept_loop(
+    state: Arc<BrokerState>,
+    listener: TcpListener,
+    tls: Arc<crate::tls::ReloadingTls>,
+) {
+    let mut stop = state.shutdown_signal();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = crate::connection::wait_true(&mut stop) => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "TLS accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        state.metrics.connections_opened.inc();
+        let Some(slot) = state.admit(peer.ip()) else {
+            state.metrics.connections_refused.inc();
+            warn!(peer = %peer, "TLS connection refused: connection limit reached");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let acceptor = tls.acceptor();
+        tokio::spawn(async move {
+            match crate::tls::handshake(acceptor, stream).await {
+                Ok(s) => crate::connection::serve_tls(state, s, peer).await,
+                Err(e) => {
+                    state.metrics.connections_bad_input.inc();
+                    info!(peer = %peer, error = %e, "TLS handshake failed");
+                }
+            }
+            drop(slot);
+        });
+    }
 }
 
 async fn accept_loop(state: Arc<BrokerState>, listener: TcpListener) -> std::io::Result<()> {

@@ -132,6 +132,10 @@ pub struct NamespacePolicies {
     /// `/admin/v2/namespaces/{t}/{ns}/quotas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quotas: Option<crate::quota::Quotas>,
+    /// Permissions (Pulsar's `auth_policies`): grants of produce / consume
+    /// per role on the namespace and per topic, subscription restrictions.
+    #[serde(default, skip_serializing_if = "crate::auth::AuthPolicies::is_empty")]
+    pub auth_policies: crate::auth::AuthPolicies,
 }
 
 /// Pulsar's `AutoTopicCreationOverride` (JSON

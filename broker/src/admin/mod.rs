@@ -15,10 +15,12 @@
 //! ([`ADMIN_BODY_BYTES_MAX`]); every metadata update is a read-modify-CAS on
 //! the node version, retried at most [`store::CAS_RETRIES_MAX`] times.
 
+pub mod authz;
 pub mod bookies;
 pub mod clusters;
 pub mod names;
 pub mod namespaces;
+pub mod permissions;
 pub mod queues;
 pub mod quotas;
 pub mod schemas;
@@ -286,6 +288,38 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
         "GET",
         "/admin/v2/namespaces/{tenant}/{namespace}/quotas/usage",
     ),
+    (
+        "GET",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions",
+    ),
+    (
+        "POST",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}",
+    ),
+    (
+        "DELETE",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}",
+    ),
+    (
+        "POST",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}",
+    ),
+    (
+        "DELETE",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}",
+    ),
+    (
+        "GET",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions",
+    ),
+    (
+        "POST",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions/{role}",
+    ),
+    (
+        "DELETE",
+        "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions/{role}",
+    ),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}"),
     ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}"),
     (
@@ -450,6 +484,7 @@ fn table() -> Table {
     use bookies as bk;
     use clusters as c;
     use namespaces as n;
+    use permissions as pm;
     use queues as q;
     use quotas as qt;
     use schemas as sc;
@@ -489,6 +524,14 @@ fn table() -> Table {
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::set_namespace)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::delete_namespace)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/quotas/usage", qt::namespace_usage)
+    .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/permissions", pm::ns_get)
+    .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}", pm::ns_grant)
+    .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}", pm::ns_revoke)
+    .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}", pm::sub_grant)
+    .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}", pm::sub_revoke)
+    .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions", pm::topic_get)
+    .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions/{role}", pm::topic_grant)
+    .add("DELETE", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions/{role}", pm::topic_revoke)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::get_policy)
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::set_policy)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/{policy}", n::clear_policy)
@@ -554,6 +597,10 @@ pub fn router(state: &Arc<BrokerState>) -> Router<Arc<BrokerState>> {
     let counter = request_counter(&state.registry);
     table()
         .router
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authz::layer,
+        ))
         .route_layer(axum::middleware::from_fn(
             move |req: Request, next: axum::middleware::Next| {
                 let counter = counter.clone();

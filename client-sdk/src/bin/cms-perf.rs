@@ -60,6 +60,13 @@ struct Common {
     /// `pulsar://host:port`.
     #[arg(long, default_value = "pulsar://127.0.0.1:6650")]
     service_url: String,
+    /// Token for token authentication (prefer `--auth-token-file`: a flag
+    /// is visible to other local users).
+    #[arg(long, conflicts_with = "auth_token_file")]
+    auth_token: Option<String>,
+    /// File holding the token (e.g. from `cms-broker tokens create`).
+    #[arg(long)]
+    auth_token_file: Option<std::path::PathBuf>,
     /// Topic.
     #[arg(long)]
     topic: String,
@@ -272,9 +279,21 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
         Mode::Consume(a) => ("consume", a),
         Mode::EndToEnd(a) => ("end-to-end", a),
     };
-    let client = Client::builder(&a.service_url)
-        .operation_timeout(Duration::from_secs(30))
-        .build()?;
+    let mut builder = Client::builder(&a.service_url).operation_timeout(Duration::from_secs(30));
+    let token = match (&a.auth_token, &a.auth_token_file) {
+        (Some(t), _) => Some(t.trim().to_string()),
+        (None, Some(p)) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("reading --auth-token-file {}: {e}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if let Some(t) = token {
+        builder = builder.auth_token(t);
+    }
+    let client = builder.build()?;
     let mut out = Map::new();
     out.insert("mode".into(), json!(mode));
     out.insert("topic".into(), json!(a.topic));
