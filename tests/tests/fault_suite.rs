@@ -476,8 +476,9 @@ async fn kill_storm_of_bookies_and_brokers_loses_no_acked_message_and_does_not_s
 
 /// RELIABILITY P1-11: for `CMS_FAULT_MINUTES` (CI 2), every connection
 /// between brokers and bookies and between clients and brokers goes through
-/// a chaos proxy adding delay and jitter, refusing some connections and
-/// resetting some mid-stream, under load, with a catch-up reader halfway;
+/// a chaos proxy adding delay and jitter and refusing 5% of new
+/// connections, while every 0.5–4 s (seeded) all connections through one
+/// proxy are reset mid-stream, under load, with a catch-up reader halfway;
 /// no safety violation, and the memory (RSS) and open file descriptors of
 /// every process stay flat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,7 +500,6 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
     let lossy = DirectionFaults {
         delay_ms: 1,
         jitter_ms: 4,
-        reset_probability: 0.000_5,
         ..DirectionFaults::default()
     };
     let faults = Faults {
@@ -513,25 +513,36 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
     w.fault("lossy network on");
     w.reset_stall_clock();
     let mut stats = ProcStats::default();
+    let mut rng = StdRng::seed_from_u64(seed);
     let end = Instant::now() + duration;
+    let proxies: Vec<&cms_tests::chaos::ChaosProxy> = c.proxies().collect();
     let soak = async {
         let mut longest = Duration::ZERO;
+        let mut resets = 0usize;
+        let mut next_sample = Instant::now();
         while Instant::now() < end {
-            // Any connection may be reset at any moment: keep the checker's
-            // redelivery window open.
-            w.fault("lossy network tick");
-            stats.sample(&c.pids());
+            // Connection resets come from the test, seeded, so the history
+            // records each one as a fault right around it (a reset may lose
+            // acks in flight: the checker then allows their redelivery).
+            let p = proxies[rng.random_range(0..proxies.len())];
+            w.fault(format!("reset every connection through {}", p.local_addr()));
+            resets += p.reset_all();
+            w.fault("connections reset");
+            if Instant::now() >= next_sample {
+                stats.sample(&c.pids());
+                next_sample = Instant::now() + Duration::from_secs(2);
+            }
             longest = longest.max(w.longest_stall());
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(500..=4_000))).await;
         }
-        longest
+        (longest, resets)
     };
     let reader = async {
         tokio::time::sleep(duration / 2).await;
         w.catch_up(&url, "catchup", duration / 2 + Duration::from_secs(60))
             .await
     };
-    let (longest, missing) = tokio::join!(soak, reader);
+    let ((longest, resets), missing) = tokio::join!(soak, reader);
     c.set_proxy_faults(&Faults::none());
     w.fault("lossy network off");
     let summary = finish_and_check("P1-11", &mut w, &c, &[]).await;
@@ -539,8 +550,8 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
     // acked before it started (later ones are judged through `audit`).
     assert_eq!(missing, 0, "P1-11: the catch-up reader missed acked messages");
     println!(
-        "P1-11 result: seed {seed}, {:.1} min; {} acked, lost 0, longest stall {:.1} s, \
-         catch-up reader complete\n{}",
+        "P1-11 result: seed {seed}, {:.1} min; {resets} connections reset; {} acked, lost 0, \
+         longest stall {:.1} s, catch-up reader complete\n{}",
         duration.as_secs_f64() / 60.0,
         summary.sends_acked,
         longest.as_secs_f64(),
