@@ -70,6 +70,9 @@ pub struct ClusterOptions {
     pub proxies: bool,
     /// Extra broker flags.
     pub broker_extra: Vec<String>,
+    /// `broker-1` reaches ZooKeeper only through a chaos proxy
+    /// ([`FaultCluster::zk_proxy`]), so a test can cut it off (P0-5).
+    pub zk_proxy_for_broker_1: bool,
 }
 
 /// ZooKeeper, four bookies and two brokers (cluster mode, E/Qw/Qa 3/3/2,
@@ -88,6 +91,8 @@ pub struct FaultCluster {
     pub bookie_proxies: Vec<ChaosProxy>,
     /// Chaos proxies in front of the brokers (same order), when asked for.
     pub broker_proxies: Vec<ChaosProxy>,
+    /// The proxy between `broker-1` and ZooKeeper, when asked for.
+    pub zk_proxy: Option<ChaosProxy>,
 }
 
 /// Bookies in a fault cluster.
@@ -136,10 +141,25 @@ impl FaultCluster {
         let refs: Vec<&str> = broker_extra.iter().map(String::as_str).collect();
         let mut brokers = Vec::with_capacity(BROKERS);
         let mut broker_proxies = Vec::new();
+        let zk_proxy = if options.zk_proxy_for_broker_1 {
+            let any: SocketAddr = "127.0.0.1:0"
+                .parse()
+                .unwrap_or_else(|e| panic!("address: {e}"));
+            Some(
+                ChaosProxy::start(any, zk.addr())
+                    .await
+                    .unwrap_or_else(|e| panic!("ZooKeeper proxy: {e}")),
+            )
+        } else {
+            None
+        };
         for i in 1..=BROKERS {
             let name = format!("broker-{i}");
             let broker = if i == 1 {
-                BrokerNode::start_cluster(&name, &zks, &refs).await
+                let via = zk_proxy
+                    .as_ref()
+                    .map_or(zks.clone(), |p| p.local_addr().to_string());
+                BrokerNode::start_cluster(&name, &via, &refs).await
             } else {
                 let mut process = BrokerNode::cluster_builder(&name, &zks, &refs).spawn();
                 let http = process.addr("http");
@@ -161,6 +181,7 @@ impl FaultCluster {
             autorecovery,
             bookie_proxies,
             broker_proxies,
+            zk_proxy,
         }
     }
 

@@ -107,6 +107,7 @@ async fn power_cut_of_bookies_under_load_loses_no_acked_message() {
     w.fault("power cut of b1");
     let _ = c.bookies[0].post("/test/power-cut").await;
     wait_exited(&mut c.bookies[0], "power cut").await;
+    w.fault("b1 is off");
     w.wait_for_acks(200, 90_000).await;
     c.bookies[0].process.restart().await;
     c.bookies[0].wait_ready().await;
@@ -119,6 +120,7 @@ async fn power_cut_of_bookies_under_load_loses_no_acked_message() {
     );
     wait_exited(&mut c.bookies[1], "power cut").await;
     wait_exited(&mut c.bookies[2], "power cut").await;
+    w.fault("b2 and b3 are off");
     for b in &mut c.bookies[1..3] {
         b.process.restart().await;
         b.wait_ready().await;
@@ -452,6 +454,7 @@ async fn kill_storm_of_bookies_and_brokers_loses_no_acked_message_and_does_not_s
             let b = &mut c.bookies[victim];
             w.fault(format!("kill -9 {} (down {down_ms} ms)", b.id));
             b.process.kill();
+            w.fault(format!("{} killed", b.id));
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             b.process.restart().await;
             b.wait_ready().await;
@@ -459,6 +462,7 @@ async fn kill_storm_of_bookies_and_brokers_loses_no_acked_message_and_does_not_s
             let b = &mut c.brokers[victim - c.bookies.len()];
             w.fault(format!("kill -9 {} (down {down_ms} ms)", b.process.name()));
             b.process.kill();
+            w.fault(format!("{} killed", b.process.name()));
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             b.process.restart().await;
             b.wait_ready().await;
@@ -557,11 +561,109 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
         longest.as_secs_f64(),
         stats.summary()
     );
-    let growth = stats.growth(1.5, 64 * 1024, 100);
+    // Our processes (ZooKeeper's JVM heap is sampled and reported, not judged).
+    let growth: Vec<String> = stats
+        .growth(1.5, 16 * 1024, 50)
+        .into_iter()
+        .filter(|g| !g.starts_with("zookeeper"))
+        .collect();
     assert!(
         growth.is_empty(),
         "P1-11: resources grew: {growth:?}\n{}",
         stats.summary()
     );
     assert!(longest < STALL_MAX, "P1-11: stalled {:.0} s", longest.as_secs_f64());
+}
+
+/// A broker whose ZooKeeper session expired (paused past it, or cut off)
+/// stops itself rather than serve as a zombie; waits (at most 20 s) for
+/// that, restarts it, and waits until it is ready. One that kept running is
+/// only waited for.
+async fn revive_after_session_loss(b: &mut cms_tests::cluster::BrokerNode, case: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some(status) = b.process.try_exit_status() {
+            println!("{case}: {} stopped itself ({status}); restarting it", b.process.name());
+            b.process.restart().await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.wait_ready().await;
+}
+
+/// The earlier cases re-run against the full cluster under the suite's
+/// load and judged by the history checker, one after the other:
+/// - P0-1 zombie owner: `broker-1` is SIGSTOPped past its ZooKeeper session
+///   (4 s), the other broker takes its topics, then SIGCONT;
+/// - P0-5 cut off from ZooKeeper: `broker-1` reaches bookies and clients but
+///   its ZooKeeper connection is black-holed for 12 s, then healed;
+/// - P0-6 ensemble change + writer crash: a bookie is killed mid-write and,
+///   before the ledgers close, both brokers (the writers) are killed too;
+///   everything restarts and the ledgers are recovered;
+/// - P0-7 cursor durability: the broker kills of P0-6 land while consumers
+///   acknowledge; with every `audit` subscription required complete and in
+///   order, nothing acked is lost or skipped.
+///
+/// One linear history per topic: no acked message lost, no reorder in the
+/// Exclusive subscriptions, no divergence (two brokers acknowledging for one
+/// topic would show as one of these).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zombie_owner_zookeeper_cut_off_and_writer_crash_keep_one_linear_history() {
+    let mut c = FaultCluster::start(ClusterOptions {
+        zk_proxy_for_broker_1: true,
+        ..ClusterOptions::default()
+    })
+    .await;
+    let mut w = Workload::start(&c.service_url(), options("p0x")).await;
+    w.wait_for_acks(300, 60_000).await;
+    w.reset_stall_clock();
+
+    // P0-1.
+    w.fault("SIGSTOP broker-1 for 10 s");
+    c.brokers[0].process.pause();
+    w.fault("broker-1 stopped");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    c.brokers[0].process.resume();
+    w.fault("SIGCONT broker-1");
+    revive_after_session_loss(&mut c.brokers[0], "P0-1").await;
+    w.wait_for_acks(300, 120_000).await;
+
+    // P0-5.
+    let zk_proxy = c.zk_proxy.as_ref().unwrap_or_else(|| panic!("no ZooKeeper proxy"));
+    w.fault("broker-1 cut off from ZooKeeper for 12 s");
+    zk_proxy
+        .set_faults(Faults {
+            black_hole: true,
+            ..Faults::none()
+        })
+        .unwrap_or_else(|e| panic!("black hole: {e}"));
+    w.fault("broker-1's ZooKeeper connection black-holed");
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    zk_proxy.clear_faults();
+    w.fault("broker-1 reaches ZooKeeper again");
+    revive_after_session_loss(&mut c.brokers[0], "P0-5").await;
+    w.wait_for_acks(300, 120_000).await;
+
+    // P0-6 and P0-7.
+    w.fault("kill -9 b2, then both brokers before their ledgers close");
+    c.bookies[1].process.kill();
+    w.wait_for_acks(50, 60_000).await;
+    for b in &mut c.brokers {
+        b.process.kill();
+    }
+    // Acks issued up to the kill may be lost with the cursor: the window of
+    // allowed redeliveries opens here, after them.
+    w.fault("b2, broker-1 and broker-2 killed");
+    c.bookies[1].process.restart().await;
+    c.bookies[1].wait_ready().await;
+    for b in &mut c.brokers {
+        b.process.restart().await;
+        b.wait_ready().await;
+    }
+    w.wait_for_acks(300, 120_000).await;
+    let stall = w.longest_stall();
+    finish_and_check("P0-1/5/6/7", &mut w, &c, &[]).await;
+    println!("P0-1/5/6/7: longest stall {:.1} s", stall.as_secs_f64());
+    assert!(stall < STALL_MAX, "stalled {:.0} s", stall.as_secs_f64());
 }

@@ -807,17 +807,17 @@ mod tests {
     #[test]
     fn ttl_now_ignores_forward_clock_jumps_and_follows_backward_ones() {
         let t0 = std::time::Instant::now();
-        let anchor = WallAnchor::new(1_000_000, t0);
+        let anchor = WallAnchor::new(10_000_000, t0);
         let t1 = t0 + std::time::Duration::from_secs(5);
         // Forward by a day: bounded to anchor + 5 s.
-        assert_eq!(anchor.bounded_now_ms(1_000_000 + 86_400_000, t1), 1_005_000);
-        // With a 60 s TTL nothing published since the anchor's minute expires.
-        let cutoff = ttl_cutoff_ms(anchor.bounded_now_ms(1_000_000 + 86_400_000, t1), 60);
-        assert_eq!(cutoff, Some(945_000));
+        assert_eq!(anchor.bounded_now_ms(10_000_000 + 86_400_000, t1), 10_005_000);
+        // So a 60 s TTL expires only what was published 55 s before the anchor.
+        let cutoff = ttl_cutoff_ms(anchor.bounded_now_ms(10_000_000 + 86_400_000, t1), 60);
+        assert_eq!(cutoff, Some(9_945_000));
         // Backward by an hour: followed.
-        assert_eq!(anchor.bounded_now_ms(1_000_000 - 3_600_000 + 5_000, t1), 1_000_000 - 3_600_000 + 5_000);
+        assert_eq!(anchor.bounded_now_ms(6_405_000, t1), 6_405_000);
         // No jump: unchanged.
-        assert_eq!(anchor.bounded_now_ms(1_005_000, t1), 1_005_000);
+        assert_eq!(anchor.bounded_now_ms(10_005_000, t1), 10_005_000);
     }
 
     #[test]
