@@ -188,7 +188,10 @@ impl FaultCluster {
     /// The service URL listing every broker (through its proxy, if any).
     pub fn service_url(&self) -> String {
         let hosts: Vec<String> = if self.broker_proxies.is_empty() {
-            self.brokers.iter().map(|b| b.pulsar().to_string()).collect()
+            self.brokers
+                .iter()
+                .map(|b| b.pulsar().to_string())
+                .collect()
         } else {
             self.broker_proxies
                 .iter()
@@ -579,8 +582,8 @@ impl Workload {
                             rec.received(m.key.as_deref(), &payload, id, m.redelivery_count);
                             rec.acked(id, Some(&payload));
                             seen.insert(payload);
-                            let _ = tokio::time::timeout(Duration::from_secs(10), c.ack(&m.id))
-                                .await;
+                            let _ =
+                                tokio::time::timeout(Duration::from_secs(10), c.ack(&m.id)).await;
                         }
                         Ok(Err(_)) => {
                             let _ = tokio::time::timeout(Duration::from_secs(5), c.close()).await;

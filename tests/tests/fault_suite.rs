@@ -163,7 +163,10 @@ async fn an_fsync_error_acks_nothing_of_its_batch_and_the_bookie_stops_taking_wr
     // Nothing new was written to b1 after the failure: new ledgers avoid it
     // and the broker's writers replaced it in their ensembles.
     finish_and_check("P0-10", &mut w, &c, &[]).await;
-    println!("P0-10: longest stall {:.1} s", w.longest_stall().as_secs_f64());
+    println!(
+        "P0-10: longest stall {:.1} s",
+        w.longest_stall().as_secs_f64()
+    );
 }
 
 /// Flips bytes in the middle of every entry log file under `dir`; returns
@@ -250,7 +253,11 @@ async fn corrupt_entry_logs_and_a_torn_journal_are_detected_and_served_from_repl
     let torn = tear_journal_tail(&dir.join("journal"));
     let flipped = flip_entry_log_bytes(&dir.join("ledgers"));
     println!("P0-8: torn {torn:?}, flipped bytes in {flipped} entry log(s)");
-    assert!(flipped > 0, "no entry log file to corrupt under {}", dir.display());
+    assert!(
+        flipped > 0,
+        "no entry log file to corrupt under {}",
+        dir.display()
+    );
     c.bookies[0].process.restart().await;
     c.bookies[0].wait_ready().await;
 
@@ -260,12 +267,12 @@ async fn corrupt_entry_logs_and_a_torn_journal_are_detected_and_served_from_repl
     let (mut ok, mut detected, mut absent) = (0, 0, Vec::new());
     let mut mds = std::collections::HashMap::new();
     for (ledger, entry) in w.acked_entries() {
-        if !mds.contains_key(&ledger) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = mds.entry(ledger) {
             let md = client
                 .ledger_metadata(ledger)
                 .await
                 .unwrap_or_else(|e| panic!("metadata of {ledger}: {e}"));
-            mds.insert(ledger, md);
+            slot.insert(md);
         }
         let md = &mds[&ledger];
         let spec = quorum_spec(md).unwrap_or_else(|e| panic!("{e}"));
@@ -311,7 +318,11 @@ async fn corrupt_entry_logs_and_a_torn_journal_are_detected_and_served_from_repl
     }
     let report = w.history.check(&opts);
     println!("P0-8 catch-up: {missing} missing\n{report}");
-    assert!(report.is_ok(), "P0-8 catch-up:\n{report}\n{}", c.log_tails(30));
+    assert!(
+        report.is_ok(),
+        "P0-8 catch-up:\n{report}\n{}",
+        c.log_tails(30)
+    );
     assert_eq!(missing, 0);
 }
 
@@ -356,7 +367,10 @@ async fn a_wiped_bookie_refuses_to_start_and_autorecovery_restores_its_replicas(
     };
     assert!(!status.success(), "the wiped bookie exited with {status}");
     let log = c.bookies[0].process.log_tail(40).to_lowercase();
-    assert!(log.contains("cookie"), "refusal does not name the cookie: {log}");
+    assert!(
+        log.contains("cookie"),
+        "refusal does not name the cookie: {log}"
+    );
 
     // Autorecovery replaces b1 in every ledger the workload wrote.
     let client = ledger_client(&c.zk.connect_string(), ledger_client_options()).await;
@@ -552,7 +566,10 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
     let summary = finish_and_check("P1-11", &mut w, &c, &[]).await;
     // The catch-up reader started halfway: it must have seen every message
     // acked before it started (later ones are judged through `audit`).
-    assert_eq!(missing, 0, "P1-11: the catch-up reader missed acked messages");
+    assert_eq!(
+        missing, 0,
+        "P1-11: the catch-up reader missed acked messages"
+    );
     println!(
         "P1-11 result: seed {seed}, {:.1} min; {resets} connections reset; {} acked, lost 0, \
          longest stall {:.1} s, catch-up reader complete\n{}",
@@ -572,7 +589,11 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
         "P1-11: resources grew: {growth:?}\n{}",
         stats.summary()
     );
-    assert!(longest < STALL_MAX, "P1-11: stalled {:.0} s", longest.as_secs_f64());
+    assert!(
+        longest < STALL_MAX,
+        "P1-11: stalled {:.0} s",
+        longest.as_secs_f64()
+    );
 }
 
 /// A broker whose ZooKeeper session expired (paused past it, or cut off)
@@ -583,7 +604,10 @@ async fn revive_after_session_loss(b: &mut cms_tests::cluster::BrokerNode, case:
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         if let Some(status) = b.process.try_exit_status() {
-            println!("{case}: {} stopped itself ({status}); restarting it", b.process.name());
+            println!(
+                "{case}: {} stopped itself ({status}); restarting it",
+                b.process.name()
+            );
             b.process.restart().await;
             break;
         }
@@ -630,7 +654,10 @@ async fn zombie_owner_zookeeper_cut_off_and_writer_crash_keep_one_linear_history
     w.wait_for_acks(300, 120_000).await;
 
     // P0-5.
-    let zk_proxy = c.zk_proxy.as_ref().unwrap_or_else(|| panic!("no ZooKeeper proxy"));
+    let zk_proxy = c
+        .zk_proxy
+        .as_ref()
+        .unwrap_or_else(|| panic!("no ZooKeeper proxy"));
     w.fault("broker-1 cut off from ZooKeeper for 12 s");
     zk_proxy
         .set_faults(Faults {

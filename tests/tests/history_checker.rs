@@ -114,7 +114,10 @@ fn deduplicated_resend_acked_without_position_counts_only_for_lost_acks() {
     // m3 was acked (as a duplicate of a stored copy) but never delivered.
     let report = h.check(&complete("sub"));
     only(&report, ViolationKind::LostAck);
-    assert!(report.violations[0].to_string().contains("`m3`"), "{report}");
+    assert!(
+        report.violations[0].to_string().contains("`m3`"),
+        "{report}"
+    );
     c.received(None, "m3", id(1, 3), 0);
     h.check(&complete("sub")).assert_ok();
 }

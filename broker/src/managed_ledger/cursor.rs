@@ -174,8 +174,8 @@ impl WallAnchor {
     /// `wall_now_ms`, but at most the anchor's wall time plus the monotonic
     /// time elapsed since it (at `now`).
     pub fn bounded_now_ms(&self, wall_now_ms: u64, now: std::time::Instant) -> u64 {
-        let elapsed = u64::try_from(now.saturating_duration_since(self.at).as_millis())
-            .unwrap_or(u64::MAX);
+        let elapsed =
+            u64::try_from(now.saturating_duration_since(self.at).as_millis()).unwrap_or(u64::MAX);
         wall_now_ms.min(self.wall_ms.saturating_add(elapsed))
     }
 }
@@ -810,7 +810,10 @@ mod tests {
         let anchor = WallAnchor::new(10_000_000, t0);
         let t1 = t0 + std::time::Duration::from_secs(5);
         // Forward by a day: bounded to anchor + 5 s.
-        assert_eq!(anchor.bounded_now_ms(10_000_000 + 86_400_000, t1), 10_005_000);
+        assert_eq!(
+            anchor.bounded_now_ms(10_000_000 + 86_400_000, t1),
+            10_005_000
+        );
         // So a 60 s TTL expires only what was published 55 s before the anchor.
         let cutoff = ttl_cutoff_ms(anchor.bounded_now_ms(10_000_000 + 86_400_000, t1), 60);
         assert_eq!(cutoff, Some(9_945_000));
