@@ -775,11 +775,16 @@ async fn consume(
                         .or_default()
                         .insert(payload.clone());
                     rec.acked(id, Some(&payload));
-                    if tokio::time::timeout(Duration::from_secs(10), consumer.ack(&m.id))
-                        .await
-                        .is_err()
-                    {
-                        break;
+                    match tokio::time::timeout(Duration::from_secs(10), consumer.ack(&m.id)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            // The ack never left: the broker will redeliver.
+                            rec.redelivery_triggered(format!("ack not sent: {e}"));
+                        }
+                        Err(_) => {
+                            rec.redelivery_triggered("ack timed out");
+                            break;
+                        }
                     }
                 }
                 Ok(Err(e)) => {

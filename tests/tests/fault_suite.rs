@@ -472,6 +472,7 @@ async fn kill_storm_of_bookies_and_brokers_loses_no_acked_message_and_does_not_s
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             b.process.restart().await;
             b.wait_ready().await;
+            w.fault(format!("{} back", b.id));
         } else {
             let b = &mut c.brokers[victim - c.bookies.len()];
             w.fault(format!("kill -9 {} (down {down_ms} ms)", b.process.name()));
@@ -480,6 +481,7 @@ async fn kill_storm_of_bookies_and_brokers_loses_no_acked_message_and_does_not_s
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             b.process.restart().await;
             b.wait_ready().await;
+            w.fault(format!("{} back", b.process.name()));
         }
     }
     let summary = finish_and_check("P0-4", &mut w, &c, &[]).await;
@@ -596,6 +598,18 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
     );
 }
 
+/// Waits `d` while a fault lasts, recording it as ongoing every 200 ms: its
+/// consequences (session expiry, takeover, clients moving) come at moments
+/// the test does not see, and any of them may lose acks in flight, so the
+/// checker's redelivery window stays open for the whole fault.
+async fn fault_ongoing(w: &Workload, what: &str, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        w.history.fault(format!("{what} (ongoing)"));
+    }
+}
+
 /// A broker whose ZooKeeper session expired (paused past it, or cut off)
 /// stops itself rather than serve as a zombie; waits (at most 20 s) for
 /// that, restarts it, and waits until it is ready. One that kept running is
@@ -647,10 +661,11 @@ async fn zombie_owner_zookeeper_cut_off_and_writer_crash_keep_one_linear_history
     w.fault("SIGSTOP broker-1 for 10 s");
     c.brokers[0].process.pause();
     w.fault("broker-1 stopped");
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    fault_ongoing(&w, "broker-1 stopped", Duration::from_secs(10)).await;
     c.brokers[0].process.resume();
     w.fault("SIGCONT broker-1");
     revive_after_session_loss(&mut c.brokers[0], "P0-1").await;
+    w.fault("broker-1 back");
     w.wait_for_acks(300, 120_000).await;
 
     // P0-5.
@@ -666,10 +681,16 @@ async fn zombie_owner_zookeeper_cut_off_and_writer_crash_keep_one_linear_history
         })
         .unwrap_or_else(|e| panic!("black hole: {e}"));
     w.fault("broker-1's ZooKeeper connection black-holed");
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    fault_ongoing(
+        &w,
+        "broker-1 cut off from ZooKeeper",
+        Duration::from_secs(12),
+    )
+    .await;
     zk_proxy.clear_faults();
     w.fault("broker-1 reaches ZooKeeper again");
     revive_after_session_loss(&mut c.brokers[0], "P0-5").await;
+    w.fault("broker-1 back");
     w.wait_for_acks(300, 120_000).await;
 
     // P0-6 and P0-7.
