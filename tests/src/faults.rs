@@ -574,9 +574,14 @@ impl Workload {
                     SubType::Exclusive,
                 );
                 rec.redelivery_triggered("catch-up reader subscribed");
+                let mut subscriptions = c.subscriptions();
                 while Instant::now() < deadline && !acked.iter().all(|p| seen.contains(p)) {
                     match tokio::time::timeout(Duration::from_secs(1), c.receive()).await {
                         Ok(Ok(m)) => {
+                            if c.subscriptions() != subscriptions {
+                                subscriptions = c.subscriptions();
+                                rec.redelivery_triggered("the SDK resubscribed");
+                            }
                             let payload = String::from_utf8_lossy(&m.payload).to_string();
                             let id = history_id(&m.id);
                             rec.received(m.key.as_deref(), &payload, id, m.redelivery_count);
@@ -763,9 +768,17 @@ async fn consume(
             SubType::Exclusive,
         );
         rec.redelivery_triggered("consumer subscribed");
+        let mut subscriptions = consumer.subscriptions();
         while !shared.stop_consuming.load(Ordering::SeqCst) {
             match tokio::time::timeout(Duration::from_millis(500), consumer.receive()).await {
                 Ok(Ok(m)) => {
+                    // The SDK reconnects silently; acks in flight at that
+                    // moment may be lost and redelivered.
+                    let now = consumer.subscriptions();
+                    if now != subscriptions {
+                        subscriptions = now;
+                        rec.redelivery_triggered("the SDK resubscribed");
+                    }
                     let payload = String::from_utf8_lossy(&m.payload).to_string();
                     let id = history_id(&m.id);
                     rec.received(m.key.as_deref(), &payload, id, m.redelivery_count);
