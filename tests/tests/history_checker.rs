@@ -93,6 +93,35 @@ fn lost_acked_message_is_flagged() {
     h.check(&CheckOptions::at_least_once()).assert_ok();
 }
 
+/// Found by the fault suite's lossy-network soak: a resend after a reset
+/// connection that the broker de-duplicates is acked with `-1:-1` (Pulsar's
+/// receipt for a duplicate). Acked, so it must still be delivered; but its
+/// position is unknown, so it neither diverges from nor reorders against
+/// other sends.
+#[test]
+fn deduplicated_resend_acked_without_position_counts_only_for_lost_acks() {
+    let dup = MessageId::new(u64::MAX, u64::MAX);
+    assert!(dup.is_unknown_position());
+    let (h, p, c) = producer_and_consumer(SubType::Exclusive);
+    send_acked(&p, None, "m0", id(1, 0));
+    send_acked(&p, None, "m1", dup);
+    send_acked(&p, None, "m2", id(1, 2));
+    send_acked(&p, None, "m3", dup);
+    for (i, m) in ["m0", "m1", "m2"].iter().enumerate() {
+        c.received(None, m, id(1, i as u64), 0);
+        c.acked(id(1, i as u64), Some(m));
+    }
+    // m3 was acked (as a duplicate of a stored copy) but never delivered.
+    let report = h.check(&complete("sub"));
+    only(&report, ViolationKind::LostAck);
+    assert!(
+        report.violations[0].to_string().contains("`m3`"),
+        "{report}"
+    );
+    c.received(None, "m3", id(1, 3), 0);
+    h.check(&complete("sub")).assert_ok();
+}
+
 #[test]
 fn duplicate_without_redelivery_is_flagged() {
     let (h, p, c) = producer_and_consumer(SubType::Shared);

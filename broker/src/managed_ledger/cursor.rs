@@ -153,6 +153,33 @@ pub fn ttl_cutoff_ms(now_ms: u64, ttl_seconds: u64) -> Option<u64> {
     (ttl_seconds > 0).then(|| now_ms.saturating_sub(ttl_seconds.saturating_mul(1000)))
 }
 
+/// A wall clock that never runs ahead of the monotonic clock (RELIABILITY
+/// P1-12): TTL expiry reads "now" through it, so a forward jump of the
+/// system clock cannot expire unacked messages early. A backward jump is
+/// followed (expiry then happens later, never earlier); a clock that was
+/// behind when the anchor was taken and is corrected forward later lags by
+/// that correction until the process restarts (again: later, never earlier).
+#[derive(Debug, Clone, Copy)]
+pub struct WallAnchor {
+    wall_ms: u64,
+    at: std::time::Instant,
+}
+
+impl WallAnchor {
+    /// Anchors wall time `wall_ms` (Unix ms) at monotonic instant `at`.
+    pub fn new(wall_ms: u64, at: std::time::Instant) -> Self {
+        Self { wall_ms, at }
+    }
+
+    /// `wall_now_ms`, but at most the anchor's wall time plus the monotonic
+    /// time elapsed since it (at `now`).
+    pub fn bounded_now_ms(&self, wall_now_ms: u64, now: std::time::Instant) -> u64 {
+        let elapsed =
+            u64::try_from(now.saturating_duration_since(self.at).as_millis()).unwrap_or(u64::MAX);
+        wall_now_ms.min(self.wall_ms.saturating_add(elapsed))
+    }
+}
+
 /// A durable cursor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cursor {
@@ -772,6 +799,28 @@ mod tests {
         assert_eq!(ttl_cutoff_ms(10_000, 0), None);
         assert_eq!(ttl_cutoff_ms(10_000, 3), Some(7_000));
         assert_eq!(ttl_cutoff_ms(1_000, 3), Some(0));
+    }
+
+    /// RELIABILITY P1-12: a simulated system clock jumping a day forward
+    /// does not move the TTL cutoff past what monotonic time allows; one
+    /// jumping backward is followed (expiring less, never more).
+    #[test]
+    fn ttl_now_ignores_forward_clock_jumps_and_follows_backward_ones() {
+        let t0 = std::time::Instant::now();
+        let anchor = WallAnchor::new(10_000_000, t0);
+        let t1 = t0 + std::time::Duration::from_secs(5);
+        // Forward by a day: bounded to anchor + 5 s.
+        assert_eq!(
+            anchor.bounded_now_ms(10_000_000 + 86_400_000, t1),
+            10_005_000
+        );
+        // So a 60 s TTL expires only what was published 55 s before the anchor.
+        let cutoff = ttl_cutoff_ms(anchor.bounded_now_ms(10_000_000 + 86_400_000, t1), 60);
+        assert_eq!(cutoff, Some(9_945_000));
+        // Backward by an hour: followed.
+        assert_eq!(anchor.bounded_now_ms(6_405_000, t1), 6_405_000);
+        // No jump: unchanged.
+        assert_eq!(anchor.bounded_now_ms(10_005_000, t1), 10_005_000);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod io;
 
 pub use cursor::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition, Snapshot,
-    newest_snapshot, ttl_cutoff_ms,
+    WallAnchor, newest_snapshot, ttl_cutoff_ms,
 };
 pub use ledger_list::{LedgerList, LedgerListError, LedgerMeta};
 pub use metrics::{MlMetrics, MlMetricsSnapshot};

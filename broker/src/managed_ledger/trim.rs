@@ -111,6 +111,38 @@ mod tests {
         Position::new(l, e)
     }
 
+    /// RELIABILITY P1-12: however far the clock jumps (forward to the end of
+    /// time, or backward to 0), retention never deletes a ledger holding an
+    /// entry after the slowest mark-delete: unacked data is never removed.
+    #[test]
+    fn clock_jumps_never_delete_a_ledger_with_unacked_entries() {
+        let spec: &[(u64, u64, u64, u64)] = &[
+            (1, 10, 50, 10),
+            (2, 10, 50, 20),
+            (3, 10, 50, 30),
+            (4, 3, 1, 0),
+        ];
+        let list = ledgers(spec, true);
+        let none = RetentionPolicy {
+            time_minutes: 0,
+            size_mb: 0,
+        };
+        let hour = RetentionPolicy {
+            time_minutes: 60,
+            size_mb: -1,
+        };
+        // Mark-delete inside ledger 2: ledgers 2.. hold unacked entries.
+        for now in [0, 1, 20 * MIN, u64::MAX / 2, u64::MAX] {
+            for retention in [&none, &hour] {
+                let got = deletable_ledgers(&list, Some(p(2, 4)), retention, now);
+                assert!(
+                    got.iter().all(|id| *id < 2),
+                    "now {now}: deleted {got:?} past the mark-delete"
+                );
+            }
+        }
+    }
+
     #[test]
     fn table() {
         const NONE: RetentionPolicy = RetentionPolicy {

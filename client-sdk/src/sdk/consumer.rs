@@ -307,6 +307,18 @@ impl Consumer {
         &self.topic
     }
 
+    /// How many times this consumer subscribed, over all its partitions
+    /// (1 per partition after `subscribe`, +1 per reconnect). Acks sent just
+    /// before a reconnect may be lost, and the broker then redelivers: a
+    /// change of this number tells the application (or a test's history)
+    /// that redeliveries may follow.
+    pub fn subscriptions(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|p| p.generations.load(Ordering::Acquire))
+            .sum()
+    }
+
     /// The part that holds message `id`.
     fn part(&self, id: &MessageId) -> &Arc<Shared> {
         let i = usize::try_from(id.partition).unwrap_or(0);

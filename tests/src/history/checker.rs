@@ -43,7 +43,10 @@
 //!   (acked sends and receipts of any subscription).
 //!
 //! Sends that failed or have an unknown outcome may or may not be delivered;
-//! neither is a violation.
+//! neither is a violation. An acked send whose receipt carries no position
+//! (`-1:-1`, [`MessageId::is_unknown_position`]: the broker recognised a
+//! resend as a duplicate of a copy it stored earlier) counts as acked for
+//! LostAck; it takes no part in Divergence and in rule (b) of Reorder.
 
 use std::collections::{HashMap, HashSet};
 
@@ -365,7 +368,9 @@ impl<'a> Checker<'a> {
                     outcome: Some(outcome),
                 }),
             }
-            if let Outcome::Acked { message_id, index } = outcome {
+            if let Outcome::Acked { message_id, index } = outcome
+                && !message_id.is_unknown_position()
+            {
                 self.bind(key.0, message_id, key.1, index);
             }
         }
@@ -544,7 +549,9 @@ impl<'a> Checker<'a> {
                 continue;
             };
             for attempt in &info.attempts {
-                if let Some(Outcome::Acked { message_id, .. }) = attempt.outcome {
+                if let Some(Outcome::Acked { message_id, .. }) = attempt.outcome
+                    && !message_id.is_unknown_position()
+                {
                     per_producer
                         .entry((attempt.producer, topic, message_id.partition))
                         .or_default()

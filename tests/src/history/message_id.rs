@@ -57,6 +57,13 @@ impl MessageId {
         self
     }
 
+    /// The id Pulsar puts in the receipt of a send the broker recognised as a
+    /// duplicate of one it already stored (de-duplication: `-1:-1`). The
+    /// send is acknowledged, but where it is stored is not said.
+    pub fn is_unknown_position(&self) -> bool {
+        self.ledger_id == u64::MAX && self.entry_id == u64::MAX
+    }
+
     /// The entry this message lives in: `(ledger_id, entry_id)`.
     pub fn entry_position(&self) -> (u64, u64) {
         (self.ledger_id, self.entry_id)

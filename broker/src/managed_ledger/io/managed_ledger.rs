@@ -42,7 +42,7 @@ use crate::managed_ledger::{
     AckOutcome, Cursor, CursorConfig, CursorError, CursorLedgerRollover, InitialPosition,
     LedgerList, LedgerListError, MlMetrics, Position, PublishTimeSearch, RetentionPolicy,
     RetryPolicy, RolloverDecision, RolloverPolicy, SearchError, SearchResult, SearchStep,
-    deletable_ledgers, plan_resend, proto, ttl, ttl_cutoff_ms,
+    WallAnchor, deletable_ledgers, plan_resend, proto, ttl, ttl_cutoff_ms,
 };
 
 /// Settings of one managed ledger (broker defaults, overridable per namespace).
@@ -201,6 +201,15 @@ pub enum SeekTarget {
     Latest,
     /// So that the next entry delivered is the first at or after this position.
     Position(Position),
+}
+
+/// "Now" for TTL expiry: the wall clock bounded by the monotonic clock
+/// since the first call in this process (RELIABILITY P1-12; see
+/// [`WallAnchor`]), so a forward clock jump never expires unacked messages early.
+fn ttl_now_ms() -> u64 {
+    static ANCHOR: std::sync::OnceLock<WallAnchor> = std::sync::OnceLock::new();
+    let anchor = ANCHOR.get_or_init(|| WallAnchor::new(now_ms(), Instant::now()));
+    anchor.bounded_now_ms(now_ms(), Instant::now())
 }
 
 pub(super) fn now_ms() -> u64 {
@@ -1546,7 +1555,7 @@ impl ManagedLedger {
         if let Some(t) = s.terminal() {
             return Err(t);
         }
-        let Some(cutoff) = ttl_cutoff_ms(now_ms(), ttl_seconds) else {
+        let Some(cutoff) = ttl_cutoff_ms(ttl_now_ms(), ttl_seconds) else {
             return Ok(Vec::new());
         };
         let f = lock(&s.publish_time).clone();
