@@ -79,7 +79,7 @@ pub use proto::pulsar::command_subscribe::{InitialPosition, SubType};
 #[cfg(feature = "sdk")]
 pub use sdk::client::{Client, ClientBuilder};
 #[cfg(feature = "sdk")]
-pub use sdk::consumer::{Consumer, ConsumerBuilder, Reader, ReaderBuilder};
+pub use sdk::consumer::{BatchReceivePolicy, Consumer, ConsumerBuilder, Reader, ReaderBuilder};
 #[cfg(feature = "sdk")]
 pub use sdk::error::{Error, Result};
 #[cfg(feature = "sdk")]
