@@ -640,3 +640,69 @@ async fn batch_receive_stops_at_max_messages_max_bytes_or_timeout() {
     producer.close().await.unwrap();
     consumer.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reader_seek_by_publish_time_moves_to_the_first_message_at_or_after_it() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let client = client(&broker.service_url());
+    let t = topic("seek-time");
+    let producer = client.producer(&t).create().await.unwrap();
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
+    for i in 0..5 {
+        producer.send(format!("t-{i}")).await.unwrap();
+    }
+    // Publish times have millisecond resolution: wait (bounded) until the
+    // clock has moved past the last one, then take the cut.
+    let last = ms();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ms() <= last + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "clock did not advance"
+        );
+        tokio::task::yield_now().await;
+    }
+    let cut = std::time::SystemTime::now();
+    for i in 5..10 {
+        producer.send(format!("t-{i}")).await.unwrap();
+    }
+    let text = |m: &cms_client::Message| String::from_utf8(m.payload.to_vec()).unwrap();
+    let mut reader = client
+        .reader(&t)
+        .start_message_id(cms_client::MessageId::EARLIEST)
+        .create()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+            .await
+            .expect("read within 20 s")
+            .unwrap();
+        assert_eq!(text(&m), format!("t-{i}"));
+    }
+    reader.seek_time(cut).await.unwrap();
+    for i in 5..10 {
+        let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+            .await
+            .expect("read within 20 s")
+            .unwrap();
+        assert_eq!(text(&m), format!("t-{i}"), "after seeking to the cut");
+    }
+    // Back before everything: the first message again.
+    reader
+        .seek_time(std::time::UNIX_EPOCH + Duration::from_secs(1))
+        .await
+        .unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+        .await
+        .expect("read within 20 s")
+        .unwrap();
+    assert_eq!(text(&m), "t-0");
+    reader.close().await.unwrap();
+    producer.close().await.unwrap();
+}

@@ -724,18 +724,44 @@ impl Reader {
     /// [`MessageId::LATEST`] work too). The broker then closes the reader's
     /// consumer and it re-subscribes at the new position.
     pub async fn seek(&mut self, id: MessageId) -> Result<()> {
-        let s = self.consumer.parts[0].clone();
-        let c = self.consumer.conn()?;
-        *lock(&s.start) = Some(id);
-        *lock(&s.last_delivered) = None;
-        let rid = s.client.next_id();
         let data = MessageIdData {
             ledger_id: id.ledger_id,
             entry_id: id.entry_id,
             ..Default::default()
         };
+        self.seek_with(Some(id), |consumer_id, rid| {
+            commands::seek(consumer_id, rid, data)
+        })
+        .await
+    }
+
+    /// Moves the reader to the first message published at or after `time`
+    /// (the producer's publish time, millisecond resolution). The broker
+    /// moves the reader's cursor; the reader re-subscribes and finds it.
+    pub async fn seek_time(&mut self, time: std::time::SystemTime) -> Result<()> {
+        let ms = time
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // The position is the broker's to find: as far as the reader knows,
+        // anything from the earliest on may follow.
+        self.seek_with(Some(MessageId::EARLIEST), |consumer_id, rid| {
+            commands::seek_publish_time(consumer_id, rid, ms)
+        })
+        .await
+    }
+
+    async fn seek_with(
+        &mut self,
+        start: Option<MessageId>,
+        cmd: impl FnOnce(u64, u64) -> crate::proto::pulsar::BaseCommand,
+    ) -> Result<()> {
+        let s = self.consumer.parts[0].clone();
+        let c = self.consumer.conn()?;
+        *lock(&s.start) = start;
+        *lock(&s.last_delivered) = None;
+        let rid = s.client.next_id();
         let before = s.epoch.load(Ordering::Acquire);
-        c.request(rid, commands::seek(s.id, rid, data)).await?;
+        c.request(rid, cmd(s.id, rid)).await?;
         // Everything the broker sent before its SUCCESS is queued by now:
         // drop it, then wait (bounded) for the re-subscription at `id`.
         self.consumer.local.clear();
