@@ -1,27 +1,21 @@
-//! Generates the bookie's protobuf types with a vendored `protoc`, so builds need
-//! no system protobuf compiler.
+//! Generates the bookie's gRPC service (tonic) with a vendored `protoc`, so
+//! builds need no system protobuf compiler. The messages themselves live in
+//! `cms-bookie-format` (`extern_path`): one definition, fuzzable without tonic.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // SAFETY-free: build scripts are single-threaded; setting PROTOC here is the
-    // documented way to point prost-build at a compiler.
-    // (edition 2024 makes set_var unsafe; we pass the path explicitly instead.)
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
-    // Entry bodies and keys of the bookie protocol are `Bytes`: no copy from
-    // the wire into storage and back.
-    config.bytes([".cms.bookie"]);
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        .extern_path(".cms.bookie.v1", "::cms_bookie_format::proto::bookie")
+        .extern_path(".cms.metadata.v1", "::cms_bookie_format::proto::metadata")
         .compile_with_config(
             config,
-            &[
-                "proto/cms/metadata/v1/metadata.proto",
-                "proto/cms/bookie/v1/bookie.proto",
-            ],
-            &["proto"],
+            &["format/proto/cms/bookie/v1/bookie.proto"],
+            &["format/proto"],
         )?;
-    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=format/proto");
     Ok(())
 }

@@ -65,8 +65,8 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`metadata`] | one async API over ZooKeeper and an embedded single-file store; the `/cms` layout and `init-cluster` |
-//! | [`proto`] | the wire (bookie gRPC) and metadata records, generated from `bookie/proto` |
-//! | [`entry`] | the entry format (header with LAC and length, CRC32C) shared by writer, bookie and reader |
+//! | [`proto`] | the wire (bookie gRPC) and metadata records, generated from `bookie/format/proto` |
+//! | [`entry`] | the entry format (header with LAC and length, CRC32C) shared by writer, bookie and reader (in `cms-bookie-format`, with the journal and entry-log record formats and the protocol messages) |
 //! | [`fs`] | the storage seam every journal and entry-log byte goes through |
 //! | [`journal`] | the bookie's write-ahead log (group commit, fsync before ack) |
 //! | [`storage`] | ledger storage: write cache, entry logs, one redb index, read cache, GC |
@@ -81,7 +81,7 @@
 pub mod autorecovery;
 pub mod bookie_client;
 pub mod client;
-pub mod entry;
+pub use cms_bookie_format::entry;
 pub mod fair;
 pub mod fs;
 pub mod journal;

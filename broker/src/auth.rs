@@ -24,7 +24,7 @@
 //! Promise: with authentication enabled and no key configured, nothing is
 //! built (the broker refuses to start: fail closed).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -367,28 +367,7 @@ pub const AUTH_ACTIONS: [&str; 6] = [
     "packages",
 ];
 
-/// Pulsar's `auth_policies` of a namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct AuthPolicies {
-    /// role → actions on every topic of the namespace.
-    #[serde(default)]
-    pub namespace_auth: BTreeMap<String, BTreeSet<String>>,
-    /// topic (full name) → role → actions.
-    #[serde(default)]
-    pub destination_auth: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
-    /// subscription → the only roles that may consume from it.
-    #[serde(default)]
-    pub subscription_auth_roles: BTreeMap<String, BTreeSet<String>>,
-}
-
-impl AuthPolicies {
-    /// Whether nothing is granted.
-    pub fn is_empty(&self) -> bool {
-        self.namespace_auth.is_empty()
-            && self.destination_auth.is_empty()
-            && self.subscription_auth_roles.is_empty()
-    }
-}
+pub use cms_admin_types::policies::AuthPolicies;
 
 /// Checks a list of actions; the error names the bad one.
 pub fn validate_actions(actions: &[String]) -> Result<BTreeSet<String>, String> {

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::topic_name::{Domain, TopicName};
 
 /// Largest partition count accepted.
-pub const PARTITIONS_MAX: u32 = 1024;
+pub use cms_admin_types::policies::PARTITIONS_MAX;
 
 /// The suffix Pulsar puts between a partitioned topic's name and the index.
 pub const PARTITION_SUFFIX: &str = "-partition-";

@@ -54,6 +54,11 @@
 //!
 //! A [`Consumer`] is also a `futures::Stream` of `Result<Message>`.
 //!
+//! # Features
+//! - `sdk` (default): the SDK and `cms-perf`. With `default-features = false`
+//!   the crate is only the wire codec [`proto`] (bytes, prost, crc32c,
+//!   tokio-util): what the broker's codec users and the fuzz targets need.
+//!
 //! # Promises
 //! - Nothing panics on bad server input: it is an [`Error`].
 //! - Every queue is bounded: the producer's pending messages
@@ -64,15 +69,22 @@
 //!   sequence ids.
 
 pub mod proto;
+#[cfg(feature = "sdk")]
 pub mod sdk;
 
 pub use proto::pulsar::CompressionType;
 pub use proto::pulsar::ProducerAccessMode;
 pub use proto::pulsar::ServerError;
 pub use proto::pulsar::command_subscribe::{InitialPosition, SubType};
+#[cfg(feature = "sdk")]
 pub use sdk::client::{Client, ClientBuilder};
-pub use sdk::consumer::{Consumer, ConsumerBuilder, Reader, ReaderBuilder};
+#[cfg(feature = "sdk")]
+pub use sdk::consumer::{BatchReceivePolicy, Consumer, ConsumerBuilder, Reader, ReaderBuilder};
+#[cfg(feature = "sdk")]
 pub use sdk::error::{Error, Result};
+#[cfg(feature = "sdk")]
 pub use sdk::message::{Message, MessageId, ProducerMessage};
+#[cfg(feature = "sdk")]
 pub use sdk::producer::{Producer, ProducerBuilder, SendFuture};
+#[cfg(feature = "sdk")]
 pub use sdk::routing::RoutingMode;

@@ -4,12 +4,15 @@
 //! with batching and each compression type (NONE, LZ4, ZLIB, ZSTD, SNAPPY);
 //! an SDK producer and consumer through a `kill -9` and restart of the
 //! broker with no acknowledged message lost; `cms-perf` produce and
-//! end-to-end runs print their JSON keys.
+//! end-to-end runs print their JSON keys; batch receive ends at its message,
+//! byte or time limit.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cms_client::{Client, CompressionType, InitialPosition, ProducerMessage, SubType};
+use cms_client::{
+    BatchReceivePolicy, Client, CompressionType, InitialPosition, ProducerMessage, SubType,
+};
 use cms_tests::cluster::{BrokerNode, run_python};
 
 /// Bound on one Python script run, in milliseconds.
@@ -554,4 +557,152 @@ async fn partitioned_producer_routes_by_key_hash_and_round_robin_and_consumer_re
     assert_eq!(received, sent_to);
     consumer.close().await.unwrap();
     client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_receive_stops_at_max_messages_max_bytes_or_timeout() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let client = client(&broker.service_url());
+    let t = topic("batch-receive");
+    let mut consumer = client
+        .consumer(&t, "batch-sub")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = client.producer(&t).batching(true).create().await.unwrap();
+    let mut receipts = Vec::new();
+    for i in 0..25 {
+        receipts.push(
+            producer
+                .send_async(format!("b-{i:02}-{}", "x".repeat(90)))
+                .await
+                .unwrap(),
+        );
+    }
+    for r in receipts {
+        r.await.unwrap();
+    }
+    let policy = |max_messages, max_bytes, timeout_ms| BatchReceivePolicy {
+        max_messages,
+        max_bytes,
+        timeout: Duration::from_millis(timeout_ms),
+    };
+    let text = |m: &cms_client::Message| String::from_utf8(m.payload[..4].to_vec()).unwrap();
+    let mut got = Vec::new();
+    // Max messages: exactly 10 (the timeout is far away).
+    let b = consumer
+        .batch_receive(policy(10, usize::MAX, 20_000))
+        .await
+        .unwrap();
+    assert_eq!(b.len(), 10);
+    got.extend(b);
+    // Max bytes: each payload is 95 bytes, so 300 bytes end it at 4.
+    let b = consumer
+        .batch_receive(policy(100, 300, 20_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.len(),
+        4,
+        "payload bytes {:?}",
+        b.iter().map(|m| m.payload.len()).collect::<Vec<_>>()
+    );
+    got.extend(b);
+    // Timeout: only 11 remain, so a batch of up to 100 ends at the timeout
+    // with all of them (waited on the condition, bounded by 20 s).
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    while rest.len() < 11 && started.elapsed() < Duration::from_secs(20) {
+        rest.extend(
+            consumer
+                .batch_receive(policy(100, usize::MAX, 300))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(rest.len(), 11);
+    got.extend(rest);
+    let names: Vec<String> = got.iter().map(text).collect();
+    let want: Vec<String> = (0..25).map(|i| format!("b-{i:02}")).collect();
+    assert_eq!(names, want, "every message once, in order");
+    for m in &got {
+        consumer.ack(&m.id).await.unwrap();
+    }
+    // Nothing left: an empty batch after about the timeout.
+    let started = std::time::Instant::now();
+    let b = consumer
+        .batch_receive(policy(100, usize::MAX, 200))
+        .await
+        .unwrap();
+    assert!(b.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    producer.close().await.unwrap();
+    consumer.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reader_seek_by_publish_time_moves_to_the_first_message_at_or_after_it() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let client = client(&broker.service_url());
+    let t = topic("seek-time");
+    let producer = client.producer(&t).create().await.unwrap();
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
+    for i in 0..5 {
+        producer.send(format!("t-{i}")).await.unwrap();
+    }
+    // Publish times have millisecond resolution: wait (bounded) until the
+    // clock has moved past the last one, then take the cut.
+    let last = ms();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ms() <= last + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "clock did not advance"
+        );
+        tokio::task::yield_now().await;
+    }
+    let cut = std::time::SystemTime::now();
+    for i in 5..10 {
+        producer.send(format!("t-{i}")).await.unwrap();
+    }
+    let text = |m: &cms_client::Message| String::from_utf8(m.payload.to_vec()).unwrap();
+    let mut reader = client
+        .reader(&t)
+        .start_message_id(cms_client::MessageId::EARLIEST)
+        .create()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+            .await
+            .expect("read within 20 s")
+            .unwrap();
+        assert_eq!(text(&m), format!("t-{i}"));
+    }
+    reader.seek_time(cut).await.unwrap();
+    for i in 5..10 {
+        let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+            .await
+            .expect("read within 20 s")
+            .unwrap();
+        assert_eq!(text(&m), format!("t-{i}"), "after seeking to the cut");
+    }
+    // Back before everything: the first message again.
+    reader
+        .seek_time(std::time::UNIX_EPOCH + Duration::from_secs(1))
+        .await
+        .unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(20), reader.read_next())
+        .await
+        .expect("read within 20 s")
+        .unwrap();
+    assert_eq!(text(&m), "t-0");
+    reader.close().await.unwrap();
+    producer.close().await.unwrap();
 }

@@ -49,7 +49,7 @@
 //! [`quorum`], [`recovery`]), 4 (readers stop at LAC: [`reader`]).
 
 pub mod driver;
-pub mod lac;
+pub use cms_bookie_format::lac;
 pub mod master_key;
 pub mod metadata;
 pub mod quorum;

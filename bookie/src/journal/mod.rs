@@ -54,7 +54,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use bytes::Bytes;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
 use tokio::sync::oneshot;
 
@@ -62,14 +61,14 @@ use crate::fs::SharedFs;
 
 mod file;
 mod prealloc;
-mod record;
+use cms_bookie_format::journal as record;
 mod replay;
 mod writer;
 
 #[cfg(test)]
 mod tests;
 
-pub use record::RECORD_DATA_BYTES_MAX;
+pub use record::{JournalRecord, RECORD_DATA_BYTES_MAX};
 
 /// The smallest journal file (`file_bytes`) that holds one entry record of
 /// `data_bytes` bytes: the file header plus the aligned record.
@@ -136,48 +135,6 @@ impl JournalConfig {
             spare_files_max: 2,
         }
     }
-}
-
-/// One journalled change.
-#[derive(Debug, Clone, PartialEq)]
-pub enum JournalRecord {
-    /// An entry added to a ledger (the stored entry bytes).
-    Entry {
-        /// The ledger.
-        ledger_id: u64,
-        /// The entry id.
-        entry_id: i64,
-        /// The entry as stored.
-        data: Bytes,
-    },
-    /// The master key of a ledger, journalled with its first add.
-    MasterKey {
-        /// The ledger.
-        ledger_id: u64,
-        /// Its master key.
-        master_key: Bytes,
-    },
-    /// The ledger was fenced (journalled before the fence is reported).
-    Fence {
-        /// The ledger.
-        ledger_id: u64,
-    },
-    /// An explicit LAC written by the ledger's writer.
-    ExplicitLac {
-        /// The ledger.
-        ledger_id: u64,
-        /// The last add confirmed.
-        lac: i64,
-        /// The LAC message as received.
-        data: Bytes,
-    },
-    /// The ledger entered or left limbo (DESIGN §4.3).
-    Limbo {
-        /// The ledger.
-        ledger_id: u64,
-        /// Whether it is now in limbo.
-        in_limbo: bool,
-    },
 }
 
 /// A position in the journal: byte `offset` of file `file_seq`.

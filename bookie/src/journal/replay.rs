@@ -22,7 +22,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::file::{self, io_err};
-use super::record::{self, ALIGN_BYTES, FILE_HEADER_BYTES, FileHeader, RECORD_HEADER_BYTES};
+use super::record::{self, FILE_HEADER_BYTES, FileHeader};
 use super::{JournalError, JournalRecord};
 use crate::fs::{OpenMode, SharedFs};
 
@@ -165,75 +165,22 @@ fn replay_file(
         ];
     f.read_exact_at(&mut buf, 0)
         .map_err(|e| io_err("read", path, e))?;
-    let limit = successor_end.unwrap_or(len).min(len) as usize;
-    let mut pos = start as usize;
-    let mut stop = None;
-    while pos < limit {
-        match record::decode_at(&buf[..limit], pos, v.seq) {
-            Ok(d) => {
-                cb(d.record).map_err(|e| {
-                    JournalError::Io(format!(
-                        "replay aborted by the caller at {} offset {pos}: {e}",
-                        path.display()
-                    ))
-                })?;
-                *records += 1;
-                pos += d.len;
-                if d.last_in_group {
-                    pos = record::align_up(pos as u64) as usize;
-                }
-            }
-            Err(reason) => {
-                stop = Some(reason);
-                break;
-            }
-        }
-    }
-    let Some(reason) = stop else {
-        if let Some(end) = successor_end
-            && pos as u64 != end
-        {
-            return Err(corrupt(
-                path,
-                pos as u64,
-                format!("records end here, but the next file says this one ends at {end}"),
-            ));
-        }
-        return Ok(pos as u64);
-    };
-    if let Some(end) = successor_end {
-        return Err(corrupt(
-            path,
-            pos as u64,
-            format!("{reason}, before offset {end} the next file says was synced"),
-        ));
-    }
-    // Is a later valid record claiming this point as synced?
-    let mut q = record::align_up(pos as u64 + 1) as usize;
-    while q + RECORD_HEADER_BYTES <= buf.len() {
-        if let Ok(d) = record::decode_at(&buf, q, v.seq)
-            && d.synced_offset > pos as u64
-        {
-            return Err(corrupt(
-                path,
-                pos as u64,
-                format!(
-                    "{reason}, but the record at offset {q} says the file was synced up to {}",
-                    d.synced_offset
-                ),
-            ));
-        }
-        q += ALIGN_BYTES as usize;
-    }
-    let clean_end = (pos as u64).is_multiple_of(ALIGN_BYTES)
-        && (reason == record::REASON_UNWRITTEN || reason == record::REASON_OLD_GENERATION);
-    if !clean_end {
+    let out =
+        record::scan_file(&buf, start as usize, v.seq, successor_end, cb).map_err(|e| match e {
+            record::ScanError::Corrupt { offset, reason } => corrupt(path, offset, reason),
+            record::ScanError::Callback { offset, reason } => JournalError::Io(format!(
+                "replay aborted by the caller at {} offset {offset}: {reason}",
+                path.display()
+            )),
+        })?;
+    *records += out.records;
+    if let Some(reason) = out.torn_tail {
         tracing::warn!(
             file = %path.display(),
-            offset = pos,
+            offset = out.end,
             reason,
             "journal tail cut: records from here on were never synced"
         );
     }
-    Ok(pos as u64)
+    Ok(out.end)
 }

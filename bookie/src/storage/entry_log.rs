@@ -17,16 +17,16 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use bytes::{BufMut, Bytes};
+use bytes::BufMut;
+
+#[cfg(test)]
+pub(crate) use cms_bookie_format::entry_log::RECORD_PREFIX_BYTES;
+pub(crate) use cms_bookie_format::entry_log::{
+    LOG_HEADER_BYTES, LOG_MAGIC, decode_record, encode_record, record_bytes,
+};
 
 use crate::fs::{FsFile, OpenMode, SharedFs};
 
-/// Magic bytes at the start of every entry log.
-pub(crate) const LOG_MAGIC: &[u8; 8] = b"CMSELOG1";
-/// Bytes of the log header (magic + log id).
-pub(crate) const LOG_HEADER_BYTES: u64 = 16;
-/// Bytes of a record before its data: len, crc, ledger, entry.
-pub(crate) const RECORD_PREFIX_BYTES: usize = 24;
 /// Appends are gathered in memory up to this many bytes before one `write_at`.
 pub(crate) const WRITE_BUFFER_BYTES_MAX: usize = 1 << 20;
 
@@ -78,69 +78,6 @@ pub(crate) fn parse_log_name(path: &Path) -> Option<u32> {
         return None;
     }
     u32::from_str_radix(hex, 16).ok()
-}
-
-/// Bytes a record of `data_len` bytes of data takes.
-pub(crate) fn record_bytes(data_len: usize) -> usize {
-    RECORD_PREFIX_BYTES + data_len
-}
-
-fn record_crc(ledger_id: u64, entry_id: i64, data: &[u8]) -> u32 {
-    let mut crc = crc32c::crc32c(&ledger_id.to_be_bytes());
-    crc = crc32c::crc32c_append(crc, &entry_id.to_be_bytes());
-    crc32c::crc32c_append(crc, data)
-}
-
-/// Appends one record to `buf`.
-pub(crate) fn encode_record(buf: &mut Vec<u8>, ledger_id: u64, entry_id: i64, data: &[u8]) {
-    let len = (RECORD_PREFIX_BYTES - 4 + data.len()) as u32;
-    buf.put_u32(len);
-    buf.put_u32(record_crc(ledger_id, entry_id, data));
-    buf.put_u64(ledger_id);
-    buf.put_i64(entry_id);
-    buf.put_slice(data);
-}
-
-/// Checks the record in `rec` (exactly one record) and returns its data.
-/// `Err(reason)` when it is not a valid record of `(ledger_id, entry_id)`.
-pub(crate) fn decode_record(rec: &Bytes, ledger_id: u64, entry_id: i64) -> Result<Bytes, String> {
-    if rec.len() < RECORD_PREFIX_BYTES {
-        return Err(format!(
-            "record of {} bytes is shorter than its prefix",
-            rec.len()
-        ));
-    }
-    let field = |at: usize| -> [u8; 8] {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&rec[at..at + 8]);
-        b
-    };
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&rec[0..4]);
-    let len = u32::from_be_bytes(w) as usize;
-    w.copy_from_slice(&rec[4..8]);
-    let stored_crc = u32::from_be_bytes(w);
-    if len + 4 != rec.len() {
-        return Err(format!(
-            "record length field {len} does not match the indexed size {}",
-            rec.len()
-        ));
-    }
-    let got_ledger = u64::from_be_bytes(field(8));
-    let got_entry = i64::from_be_bytes(field(16));
-    let data = rec.slice(RECORD_PREFIX_BYTES..);
-    let computed = record_crc(got_ledger, got_entry, &data);
-    if computed != stored_crc {
-        return Err(format!(
-            "record crc mismatch (stored {stored_crc:#010x}, computed {computed:#010x})"
-        ));
-    }
-    if got_ledger != ledger_id || got_entry != entry_id {
-        return Err(format!(
-            "record holds {got_ledger}:{got_entry}, not {ledger_id}:{entry_id}"
-        ));
-    }
-    Ok(data)
 }
 
 /// Open log files shared by readers, the writer and GC.

@@ -242,7 +242,8 @@ impl Strategy {
 
     /// Parses a Pulsar strategy name; `UNDEFINED` is the default.
     pub fn parse(s: &str) -> Result<Strategy, String> {
-        Ok(match s.to_ascii_uppercase().as_str() {
+        // One list of names, shared with the policy validation.
+        Ok(match cms_admin_types::policies::schema_strategy_name(s)? {
             "UNDEFINED" => Strategy::DEFAULT,
             "ALWAYS_COMPATIBLE" => Strategy::AlwaysCompatible,
             "ALWAYS_INCOMPATIBLE" => Strategy::AlwaysIncompatible,

@@ -544,6 +544,20 @@ pub fn seek(consumer_id: u64, request_id: u64, id: MessageIdData) -> BaseCommand
     }
 }
 
+/// SEEK to the first message published at or after `publish_time_ms`
+/// (milliseconds since the Unix epoch).
+pub fn seek_publish_time(consumer_id: u64, request_id: u64, publish_time_ms: u64) -> BaseCommand {
+    BaseCommand {
+        seek: Some(CommandSeek {
+            consumer_id,
+            request_id,
+            message_id: None,
+            message_publish_time: Some(publish_time_ms),
+        }),
+        ..base(Type::Seek)
+    }
+}
+
 /// GET_LAST_MESSAGE_ID.
 pub fn get_last_message_id(consumer_id: u64, request_id: u64) -> BaseCommand {
     BaseCommand {

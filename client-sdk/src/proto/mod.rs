@@ -23,6 +23,8 @@
 //! - [`frame`]: [`frame::PulsarCodec`] (tokio `Decoder`/`Encoder` of
 //!   [`frame::Frame`]s) and the entry helpers ([`frame::entry_from_parts`],
 //!   [`frame::parse_entry`]).
+//! - [`batch`]: the batch payload format (`[u32 size ‖ SingleMessageMetadata
+//!   ‖ payload]*`), [`batch::parse_batch`] and [`batch::encode_batched`].
 //! - [`commands`]: constructors for every command the broker sends and the
 //!   requests a client sends, plus [`commands::command_name`].
 //!
@@ -32,6 +34,7 @@
 //! any malformed input is a [`frame::FrameError`], never a panic, and the
 //! caller closes only that connection (invariant 9).
 
+pub mod batch;
 pub mod commands;
 pub mod frame;
 pub mod pulsar;

@@ -45,6 +45,30 @@ struct Options {
     reader: bool,
 }
 
+/// Limits of [`Consumer::batch_receive`] (Pulsar's `BatchReceivePolicy`):
+/// a batch ends at `max_messages` messages, at `max_bytes` bytes of payload
+/// or when `timeout` has passed since the call, whichever comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReceivePolicy {
+    /// Most messages in one batch (at least 1).
+    pub max_messages: usize,
+    /// A batch ends once its payload bytes reach this.
+    pub max_bytes: usize,
+    /// Longest wait for a batch.
+    pub timeout: Duration,
+}
+
+impl Default for BatchReceivePolicy {
+    /// Pulsar's defaults for bytes and timeout (10 MiB, 100 ms), 100 messages.
+    fn default() -> Self {
+        BatchReceivePolicy {
+            max_messages: 100,
+            max_bytes: 10 * 1024 * 1024,
+            timeout: Duration::from_millis(100),
+        }
+    }
+}
+
 /// Builds a [`Consumer`]; see [`Client::consumer`].
 #[derive(Debug)]
 pub struct ConsumerBuilder {
@@ -328,6 +352,33 @@ impl Consumer {
     /// Waits for the next message.
     pub async fn receive(&mut self) -> Result<Message> {
         futures::future::poll_fn(|cx| self.poll_message(cx)).await
+    }
+
+    /// Receives a batch of messages: waits until `policy.max_messages`
+    /// messages or `policy.max_bytes` payload bytes are collected, or
+    /// `policy.timeout` has passed since the call, and returns what it has
+    /// (empty when nothing arrived in time). Each message is acknowledged
+    /// as usual. An error is returned only if no message was collected
+    /// before it.
+    pub async fn batch_receive(&mut self, policy: BatchReceivePolicy) -> Result<Vec<Message>> {
+        let deadline = tokio::time::Instant::now() + policy.timeout;
+        let max = policy.max_messages.max(1);
+        let mut out = Vec::with_capacity(max.min(1024));
+        let mut bytes = 0usize;
+        while out.len() < max && bytes < policy.max_bytes {
+            // `receive` is cancel-safe: a message is only taken from the
+            // queue in the poll that returns it.
+            match tokio::time::timeout_at(deadline, self.receive()).await {
+                Err(_elapsed) => break,
+                Ok(Ok(m)) => {
+                    bytes += m.payload.len();
+                    out.push(m);
+                }
+                Ok(Err(e)) if out.is_empty() => return Err(e),
+                Ok(Err(_)) => break,
+            }
+        }
+        Ok(out)
     }
 
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message>> {
@@ -685,18 +736,44 @@ impl Reader {
     /// [`MessageId::LATEST`] work too). The broker then closes the reader's
     /// consumer and it re-subscribes at the new position.
     pub async fn seek(&mut self, id: MessageId) -> Result<()> {
-        let s = self.consumer.parts[0].clone();
-        let c = self.consumer.conn()?;
-        *lock(&s.start) = Some(id);
-        *lock(&s.last_delivered) = None;
-        let rid = s.client.next_id();
         let data = MessageIdData {
             ledger_id: id.ledger_id,
             entry_id: id.entry_id,
             ..Default::default()
         };
+        self.seek_with(Some(id), |consumer_id, rid| {
+            commands::seek(consumer_id, rid, data)
+        })
+        .await
+    }
+
+    /// Moves the reader to the first message published at or after `time`
+    /// (the producer's publish time, millisecond resolution). The broker
+    /// moves the reader's cursor; the reader re-subscribes and finds it.
+    pub async fn seek_time(&mut self, time: std::time::SystemTime) -> Result<()> {
+        let ms = time
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // The position is the broker's to find: as far as the reader knows,
+        // anything from the earliest on may follow.
+        self.seek_with(Some(MessageId::EARLIEST), |consumer_id, rid| {
+            commands::seek_publish_time(consumer_id, rid, ms)
+        })
+        .await
+    }
+
+    async fn seek_with(
+        &mut self,
+        start: Option<MessageId>,
+        cmd: impl FnOnce(u64, u64) -> crate::proto::pulsar::BaseCommand,
+    ) -> Result<()> {
+        let s = self.consumer.parts[0].clone();
+        let c = self.consumer.conn()?;
+        *lock(&s.start) = start;
+        *lock(&s.last_delivered) = None;
+        let rid = s.client.next_id();
         let before = s.epoch.load(Ordering::Acquire);
-        c.request(rid, commands::seek(s.id, rid, data)).await?;
+        c.request(rid, cmd(s.id, rid)).await?;
         // Everything the broker sent before its SUCCESS is queued by now:
         // drop it, then wait (bounded) for the re-subscription at `id`.
         self.consumer.local.clear();

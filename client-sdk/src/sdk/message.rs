@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use prost::Message as _;
+use bytes::{Bytes, BytesMut};
 
 use super::compression;
 use super::error::{Error, Result};
+use crate::proto::batch::{BatchedMessage, encode_batched, parse_batch};
 use crate::proto::pulsar::{
     CompressionType, KeyValue, MessageIdData, MessageMetadata, SingleMessageMetadata,
 };
@@ -251,15 +251,11 @@ pub(crate) fn batch_entry_parts(
         let smm = SingleMessageMetadata {
             properties: kv(&m.properties),
             partition_key: m.key.clone(),
-            payload_size: m.payload.len() as i32,
             event_time: m.event_time,
             sequence_id: Some(first_sequence_id + i as u64),
             ..Default::default()
         };
-        raw.put_u32(smm.encoded_len() as u32);
-        // Cannot fail: BytesMut grows.
-        let _ = smm.encode(&mut raw);
-        raw.extend_from_slice(&m.payload);
+        encode_batched(&mut raw, &smm, &m.payload);
     }
     let payload = compression::compress(compression, &raw)?;
     let last = first_sequence_id + msgs.len().saturating_sub(1) as u64;
@@ -304,41 +300,32 @@ pub(crate) fn unpack(
             redelivery_count,
         }]);
     };
-    let n = usize::try_from(n).map_err(|_| Error::Payload(format!("batch size {n}")))?;
-    let mut buf = Bytes::from(data);
-    let mut out = Vec::with_capacity(n.min(10_000));
-    for i in 0..n {
-        if buf.remaining() < 4 {
-            return Err(Error::Payload(format!(
-                "batch truncated at message {i} of {n}"
-            )));
-        }
-        let len = buf.get_u32() as usize;
-        if buf.remaining() < len {
-            return Err(Error::Payload(format!("batch metadata {i} truncated")));
-        }
-        let smm = SingleMessageMetadata::decode(buf.split_to(len))
-            .map_err(|e| Error::Payload(format!("batch metadata {i}: {e}")))?;
-        let size = usize::try_from(smm.payload_size)
-            .ok()
-            .filter(|s| *s <= buf.remaining())
-            .ok_or_else(|| {
-                Error::Payload(format!("batch payload {i} size {}", smm.payload_size))
-            })?;
-        let payload = buf.split_to(size);
-        out.push(Message {
-            id: MessageId::from_data(id, i as i32, n as i32),
-            topic: topic.to_owned(),
-            payload,
-            key: smm.partition_key.clone(),
-            properties: props(&smm.properties),
-            event_time: smm.event_time.filter(|t| *t > 0),
-            publish_time: meta.publish_time,
-            producer_name: meta.producer_name.clone(),
-            sequence_id: smm.sequence_id.unwrap_or(meta.sequence_id + i as u64),
-            redelivery_count,
-        });
-    }
+    let batch = parse_batch(Bytes::from(data), n).map_err(|e| Error::Payload(e.to_string()))?;
+    let n = batch.len() as i32;
+    let out = batch
+        .into_iter()
+        .enumerate()
+        .map(
+            |(
+                i,
+                BatchedMessage {
+                    metadata: smm,
+                    payload,
+                },
+            )| Message {
+                id: MessageId::from_data(id, i as i32, n),
+                topic: topic.to_owned(),
+                payload,
+                key: smm.partition_key.clone(),
+                properties: props(&smm.properties),
+                event_time: smm.event_time.filter(|t| *t > 0),
+                publish_time: meta.publish_time,
+                producer_name: meta.producer_name.clone(),
+                sequence_id: smm.sequence_id.unwrap_or(meta.sequence_id + i as u64),
+                redelivery_count,
+            },
+        )
+        .collect();
     Ok(out)
 }
 

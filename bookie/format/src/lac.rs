@@ -7,7 +7,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::EntryId;
+/// An entry id (−1 = none), as in the ledger client.
+pub type EntryId = i64;
 
 /// Bytes of an explicit-LAC body.
 pub const EXPLICIT_LAC_BYTES: usize = 20;

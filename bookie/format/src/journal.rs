@@ -1,5 +1,6 @@
 //! The journal's on-disk formats: records, file headers and the checkpoint
-//! file. Pure encode / decode, no I/O; every decoder takes untrusted bytes and
+//! file, and [`scan_file`], the replay's scan of one file. Pure encode /
+//! decode, no I/O; every decoder takes untrusted bytes and
 //! never panics or allocates more than the input.
 //!
 //! A journal file is a [`FILE_HEADER_BYTES`] header block, then groups of
@@ -23,26 +24,66 @@
 
 use bytes::Bytes;
 
-use super::JournalRecord;
+/// One journalled change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JournalRecord {
+    /// An entry added to a ledger (the stored entry bytes).
+    Entry {
+        /// The ledger.
+        ledger_id: u64,
+        /// The entry id.
+        entry_id: i64,
+        /// The entry as stored.
+        data: Bytes,
+    },
+    /// The master key of a ledger, journalled with its first add.
+    MasterKey {
+        /// The ledger.
+        ledger_id: u64,
+        /// Its master key.
+        master_key: Bytes,
+    },
+    /// The ledger was fenced (journalled before the fence is reported).
+    Fence {
+        /// The ledger.
+        ledger_id: u64,
+    },
+    /// An explicit LAC written by the ledger's writer.
+    ExplicitLac {
+        /// The ledger.
+        ledger_id: u64,
+        /// The last add confirmed.
+        lac: i64,
+        /// The LAC message as received.
+        data: Bytes,
+    },
+    /// The ledger entered or left limbo (DESIGN §4.3).
+    Limbo {
+        /// The ledger.
+        ledger_id: u64,
+        /// Whether it is now in limbo.
+        in_limbo: bool,
+    },
+}
 
 /// Alignment of every group start, in bytes.
-pub(crate) const ALIGN_BYTES: u64 = 512;
+pub const ALIGN_BYTES: u64 = 512;
 /// Size of the header block at the start of each journal file.
-pub(crate) const FILE_HEADER_BYTES: u64 = 512;
+pub const FILE_HEADER_BYTES: u64 = 512;
 /// Fixed bytes before a record's body.
-pub(crate) const RECORD_HEADER_BYTES: usize = 32;
+pub const RECORD_HEADER_BYTES: usize = 32;
 /// Largest `data` (entry payload, LAC data) or master key a record may carry:
 /// a 5 MiB frame plus 64 KiB of headroom (DESIGN §4.9).
 pub const RECORD_DATA_BYTES_MAX: usize = 5 * 1024 * 1024 + 64 * 1024;
 /// Largest body on disk: the data plus the fixed fields of the largest kind.
-pub(crate) const RECORD_BODY_BYTES_MAX: usize = RECORD_DATA_BYTES_MAX + 17;
+pub const RECORD_BODY_BYTES_MAX: usize = RECORD_DATA_BYTES_MAX + 17;
 /// Flag bit: the last record of a flushed group (zero padding follows).
-pub(crate) const FLAG_LAST_IN_GROUP: u8 = 1;
+pub const FLAG_LAST_IN_GROUP: u8 = 1;
 
 /// [`decode_at`]'s reason for zeros where a record would start.
-pub(crate) const REASON_UNWRITTEN: &str = "zero length (unwritten space)";
+pub const REASON_UNWRITTEN: &str = "zero length (unwritten space)";
 /// [`decode_at`]'s reason for a record left from before the file was reused.
-pub(crate) const REASON_OLD_GENERATION: &str = "not of this file's generation";
+pub const REASON_OLD_GENERATION: &str = "not of this file's generation";
 
 const KIND_ENTRY: u8 = 1;
 const KIND_MASTER_KEY: u8 = 2;
@@ -53,16 +94,16 @@ const KIND_LIMBO: u8 = 5;
 const FILE_MAGIC: &[u8; 8] = b"CMSJRNL1";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"CMSCKPT1";
 /// Bytes of the checkpoint file.
-pub(crate) const CHECKPOINT_BYTES: usize = 8 + 8 + 8 + 4;
+pub const CHECKPOINT_BYTES: usize = 8 + 8 + 8 + 4;
 
 /// Rounds `n` up to a multiple of [`ALIGN_BYTES`].
-pub(crate) fn align_up(n: u64) -> u64 {
+pub fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN_BYTES) * ALIGN_BYTES
 }
 
 /// The variable bytes a record carries (what is bounded by
 /// [`RECORD_DATA_BYTES_MAX`]).
-pub(crate) fn data_len(rec: &JournalRecord) -> usize {
+pub fn data_len(rec: &JournalRecord) -> usize {
     match rec {
         JournalRecord::Entry { data, .. } | JournalRecord::ExplicitLac { data, .. } => data.len(),
         JournalRecord::MasterKey { master_key, .. } => master_key.len(),
@@ -71,7 +112,7 @@ pub(crate) fn data_len(rec: &JournalRecord) -> usize {
 }
 
 /// Body bytes of `rec` on disk.
-pub(crate) fn body_len(rec: &JournalRecord) -> usize {
+pub fn body_len(rec: &JournalRecord) -> usize {
     1 + match rec {
         JournalRecord::Entry { data, .. } => 16 + data.len(),
         JournalRecord::MasterKey { master_key, .. } => 8 + master_key.len(),
@@ -82,7 +123,7 @@ pub(crate) fn body_len(rec: &JournalRecord) -> usize {
 }
 
 /// Bytes of `rec` on disk, header included (padding excluded).
-pub(crate) fn record_len(rec: &JournalRecord) -> usize {
+pub fn record_len(rec: &JournalRecord) -> usize {
     RECORD_HEADER_BYTES + body_len(rec)
 }
 
@@ -92,7 +133,7 @@ fn record_crc(rec: &[u8]) -> u32 {
 
 /// Appends the encoded record to `buf`; returns where it starts in `buf`.
 /// The caller has checked `data_len(rec) <= RECORD_DATA_BYTES_MAX`.
-pub(crate) fn encode_into(
+pub fn encode_into(
     buf: &mut Vec<u8>,
     rec: &JournalRecord,
     generation: u64,
@@ -155,7 +196,7 @@ pub(crate) fn encode_into(
 
 /// Sets [`FLAG_LAST_IN_GROUP`] on the record at `buf[start..]` (which must be
 /// the last one in `buf`) and recomputes its CRC.
-pub(crate) fn mark_last_in_group(buf: &mut [u8], start: usize) {
+pub fn mark_last_in_group(buf: &mut [u8], start: usize) {
     let rec = &mut buf[start..];
     rec[24] |= FLAG_LAST_IN_GROUP;
     let crc = record_crc(rec);
@@ -164,15 +205,15 @@ pub(crate) fn mark_last_in_group(buf: &mut [u8], start: usize) {
 
 /// A valid record found by [`decode_at`].
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Decoded {
+pub struct Decoded {
     /// The record (its data copied out of the scan buffer).
-    pub(crate) record: JournalRecord,
+    pub record: JournalRecord,
     /// Bytes it occupies, header included, padding excluded.
-    pub(crate) len: usize,
+    pub len: usize,
     /// The file offset fsynced when it was written.
-    pub(crate) synced_offset: u64,
+    pub synced_offset: u64,
     /// Whether it ends its group.
-    pub(crate) last_in_group: bool,
+    pub last_in_group: bool,
 }
 
 fn u64_at(b: &[u8], i: usize) -> Option<u64> {
@@ -191,7 +232,7 @@ fn u32_at(b: &[u8], i: usize) -> Option<u32> {
 
 /// Decodes the record at `buf[pos..]` if it is a valid record of
 /// `generation`; otherwise says why not.
-pub(crate) fn decode_at(buf: &[u8], pos: usize, generation: u64) -> Result<Decoded, &'static str> {
+pub fn decode_at(buf: &[u8], pos: usize, generation: u64) -> Result<Decoded, &'static str> {
     let rest = buf.get(pos..).ok_or("past the end of the file")?;
     if rest.len() < RECORD_HEADER_BYTES {
         return Err("record header cut by the end of the file");
@@ -258,20 +299,141 @@ fn decode_body(body: &[u8]) -> Option<JournalRecord> {
     Some(rec)
 }
 
+/// How [`scan_file`] ended: where the file's valid records end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanOutcome {
+    /// Offset just past the last valid record (aligned after a group's last).
+    pub end: u64,
+    /// Records handed to the callback.
+    pub records: u64,
+    /// `Some(reason)` when a torn tail (never synced) was cut at `end`;
+    /// `None` when the file ended cleanly (unwritten or reused space at an
+    /// aligned offset, or the limit reached).
+    pub torn_tail: Option<&'static str>,
+}
+
+/// Why [`scan_file`] refused a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanError {
+    /// A damaged record that was synced once (by a later record's word or
+    /// the successor file's `prev_end`): the journal is corrupt.
+    Corrupt {
+        /// Where the damage starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The callback refused the record at `offset`.
+    Callback {
+        /// The record's offset.
+        offset: u64,
+        /// The callback's reason.
+        reason: String,
+    },
+}
+
+/// Scans the records of one journal file whose bytes are `buf`, from
+/// `start`, with the file's `generation`, handing each valid record to `cb`.
+/// `successor_end`: where the next file says this one ends (its records must
+/// reach exactly there). Pure: the replay's whole decision of where the log
+/// ends (torn tail vs corruption, module docs of the bookie's replay) on
+/// bytes in memory. Never panics on any input.
+pub fn scan_file(
+    buf: &[u8],
+    start: usize,
+    generation: u64,
+    successor_end: Option<u64>,
+    cb: &mut dyn FnMut(JournalRecord) -> Result<(), String>,
+) -> Result<ScanOutcome, ScanError> {
+    let limit = usize::try_from(successor_end.unwrap_or(buf.len() as u64))
+        .unwrap_or(usize::MAX)
+        .min(buf.len());
+    let mut pos = start;
+    let mut records = 0;
+    let mut stop = None;
+    while pos < limit {
+        match decode_at(&buf[..limit], pos, generation) {
+            Ok(d) => {
+                cb(d.record).map_err(|reason| ScanError::Callback {
+                    offset: pos as u64,
+                    reason,
+                })?;
+                records += 1;
+                pos += d.len;
+                if d.last_in_group {
+                    // The group's zero padding may be cut by the end of the
+                    // file (a file shorter than its last aligned group): the
+                    // records are whole, and they end at the end of the file,
+                    // never past it (found by the `journal` fuzz target).
+                    pos = (align_up(pos as u64) as usize).min(buf.len());
+                }
+            }
+            Err(reason) => {
+                stop = Some(reason);
+                break;
+            }
+        }
+    }
+    let Some(reason) = stop else {
+        if let Some(end) = successor_end
+            && pos as u64 != end
+        {
+            return Err(ScanError::Corrupt {
+                offset: pos as u64,
+                reason: format!("records end here, but the next file says this one ends at {end}"),
+            });
+        }
+        return Ok(ScanOutcome {
+            end: pos as u64,
+            records,
+            torn_tail: None,
+        });
+    };
+    if let Some(end) = successor_end {
+        return Err(ScanError::Corrupt {
+            offset: pos as u64,
+            reason: format!("{reason}, before offset {end} the next file says was synced"),
+        });
+    }
+    // Is a later valid record claiming this point as synced?
+    let mut q = align_up(pos as u64 + 1) as usize;
+    while q + RECORD_HEADER_BYTES <= buf.len() {
+        if let Ok(d) = decode_at(buf, q, generation)
+            && d.synced_offset > pos as u64
+        {
+            return Err(ScanError::Corrupt {
+                offset: pos as u64,
+                reason: format!(
+                    "{reason}, but the record at offset {q} says the file was synced up to {}",
+                    d.synced_offset
+                ),
+            });
+        }
+        q += ALIGN_BYTES as usize;
+    }
+    let clean_end = (pos as u64).is_multiple_of(ALIGN_BYTES)
+        && (reason == REASON_UNWRITTEN || reason == REASON_OLD_GENERATION);
+    Ok(ScanOutcome {
+        end: pos as u64,
+        records,
+        torn_tail: (!clean_end).then_some(reason),
+    })
+}
+
 /// The header of a journal file: who it is now and where its predecessor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FileHeader {
+pub struct FileHeader {
     /// The file's sequence number, also the generation of its records.
-    pub(crate) file_seq: u64,
+    pub file_seq: u64,
     /// The file written before this one (0 = none).
-    pub(crate) prev_seq: u64,
+    pub prev_seq: u64,
     /// Where the predecessor's valid records end: everything before it was synced.
-    pub(crate) prev_end: u64,
+    pub prev_end: u64,
 }
 
 impl FileHeader {
     /// The header block ([`FILE_HEADER_BYTES`], zero padded).
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(FILE_HEADER_BYTES as usize);
         b.extend_from_slice(FILE_MAGIC);
         b.extend_from_slice(&self.file_seq.to_be_bytes());
@@ -284,7 +446,7 @@ impl FileHeader {
     }
 
     /// Decodes a header block; `None` if it is not a valid header.
-    pub(crate) fn decode(b: &[u8]) -> Option<FileHeader> {
+    pub fn decode(b: &[u8]) -> Option<FileHeader> {
         if b.get(..8)? != FILE_MAGIC {
             return None;
         }
@@ -300,7 +462,7 @@ impl FileHeader {
 }
 
 /// Encodes the checkpoint file's content for mark `(file_seq, offset)`.
-pub(crate) fn encode_checkpoint(file_seq: u64, offset: u64) -> Vec<u8> {
+pub fn encode_checkpoint(file_seq: u64, offset: u64) -> Vec<u8> {
     let mut b = Vec::with_capacity(CHECKPOINT_BYTES);
     b.extend_from_slice(CHECKPOINT_MAGIC);
     b.extend_from_slice(&file_seq.to_be_bytes());
@@ -311,7 +473,7 @@ pub(crate) fn encode_checkpoint(file_seq: u64, offset: u64) -> Vec<u8> {
 }
 
 /// Decodes the checkpoint file; `None` if it is not a valid one.
-pub(crate) fn decode_checkpoint(b: &[u8]) -> Option<(u64, u64)> {
+pub fn decode_checkpoint(b: &[u8]) -> Option<(u64, u64)> {
     if b.len() != CHECKPOINT_BYTES || b.get(..8)? != CHECKPOINT_MAGIC {
         return None;
     }
@@ -418,5 +580,63 @@ mod tests {
         c[9] ^= 1;
         assert_eq!(decode_checkpoint(&c), None);
         assert_eq!(decode_checkpoint(&c[..10]), None);
+    }
+
+    /// Fuzz finding (`journal` target): a file cut inside the zero padding
+    /// after its last group made the scan report an end past the file.
+    #[test]
+    fn scan_end_never_passes_a_file_cut_in_its_padding() {
+        let mut file = Vec::new();
+        let start = encode_into(&mut file, &all_kinds()[0], 3, 0);
+        mark_last_in_group(&mut file, start);
+        let records_end = file.len();
+        assert!(records_end < ALIGN_BYTES as usize);
+        file.resize(records_end + 10, 0); // padding cut short
+        let mut n = 0;
+        let out = scan_file(&file, 0, 3, None, &mut |_| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((out.end, out.records, n), (file.len() as u64, 1, 1));
+        assert_eq!(out.torn_tail, None);
+        // A successor naming that end links to it.
+        let linked = scan_file(&file, 0, 3, Some(file.len() as u64), &mut |_| Ok(())).unwrap();
+        assert_eq!(linked.end, file.len() as u64);
+        // A whole file still ends on the aligned offset.
+        file.resize(2 * ALIGN_BYTES as usize, 0);
+        let whole = scan_file(&file, 0, 3, None, &mut |_| Ok(())).unwrap();
+        assert_eq!(whole.end, ALIGN_BYTES);
+    }
+
+    #[test]
+    fn scan_cuts_a_torn_tail_and_refuses_a_synced_damaged_record() {
+        let mut file = Vec::new();
+        for rec in &all_kinds()[..2] {
+            encode_into(&mut file, rec, 3, 0);
+        }
+        let first_len = record_len(&all_kinds()[0]);
+        // Damage the second record: a torn tail (nothing says it was synced).
+        let mut torn = file.clone();
+        let last = torn.len() - 1;
+        torn[last] ^= 1;
+        let out = scan_file(&torn, 0, 3, None, &mut |_| Ok(())).unwrap();
+        assert_eq!((out.end, out.records), (first_len as u64, 1));
+        assert_eq!(out.torn_tail, Some("CRC32C mismatch"));
+        // A later aligned record says the file was synced past it: corrupt.
+        torn.resize(ALIGN_BYTES as usize, 0);
+        encode_into(&mut torn, &all_kinds()[2], 3, ALIGN_BYTES);
+        assert!(matches!(
+            scan_file(&torn, 0, 3, None, &mut |_| Ok(())),
+            Err(ScanError::Corrupt { offset, .. }) if offset == first_len as u64
+        ));
+        // The callback's refusal is reported with the record's offset.
+        assert_eq!(
+            scan_file(&file, 0, 3, None, &mut |_| Err("no".into())),
+            Err(ScanError::Callback {
+                offset: 0,
+                reason: "no".into()
+            })
+        );
     }
 }
