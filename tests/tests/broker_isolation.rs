@@ -2,8 +2,9 @@
 //! against `cms-broker standalone` with the Rust SDK: tenant A floods a topic
 //! far above its namespace publish-rate policy and replays a large backlog on
 //! three subscriptions while tenant B publishes and consumes. Judged by counts:
-//! every message of B arrives, nothing of B is refused, and A's replays read
-//! the whole backlog (they progress, they are not starved either).
+//! every message of B arrives, nothing of B is refused, A's flood is held to
+//! its rate, and A's replays read the whole backlog (they progress, they are
+//! not starved either). Each application has its own client connection.
 //!
 //! The entry cache is made tiny so A's replays are catch-up reads that go
 //! through the broker's per-tenant dispatch read queues and the bookie's
@@ -111,7 +112,15 @@ async fn a_noisy_tenant_cannot_refuse_or_lose_another_tenants_messages() {
         )
         .await;
     }
+    // Each tenant is its own application with its own client (connection):
+    // the broker throttles a publisher over its rate by not reading its
+    // connection, which must not slow another tenant's connection.
     let client = Client::new(broker.service_url()).unwrap();
+    let b_client = Client::new(broker.service_url()).unwrap();
+    // A's replays run in another of A's applications: a throttled
+    // connection is not read at all, so its consumers' FLOW and ACK
+    // commands would wait with its sends (as in Pulsar).
+    let replay_client = Client::new(broker.service_url()).unwrap();
 
     // A's backlog, written before A's rate policy is set.
     let backlog = "persistent://a/ns/backlog".to_string();
@@ -143,6 +152,7 @@ async fn a_noisy_tenant_cannot_refuse_or_lose_another_tenants_messages() {
 
     // A floods (as fast as receipts allow; counted, never judged by time).
     let flood_acked = Arc::new(AtomicU64::new(0));
+    let flood_started = std::time::Instant::now();
     let flood = {
         let (client, acked) = (client.clone(), flood_acked.clone());
         tokio::spawn(async move {
@@ -171,7 +181,7 @@ async fn a_noisy_tenant_cannot_refuse_or_lose_another_tenants_messages() {
         .into_iter()
         .map(|s| {
             tokio::spawn(replay(
-                client.clone(),
+                replay_client.clone(),
                 backlog.clone(),
                 s.to_string(),
                 backlog_msgs,
@@ -182,14 +192,14 @@ async fn a_noisy_tenant_cannot_refuse_or_lose_another_tenants_messages() {
 
     // B publishes and consumes meanwhile.
     let b_topic = "persistent://b/ns/orders";
-    let mut b_consumer = client
+    let mut b_consumer = b_client
         .consumer(b_topic, "b-sub")
         .sub_type(SubType::Shared)
         .initial_position(InitialPosition::Earliest)
         .subscribe()
         .await
         .expect("tenant B's subscription is refused");
-    let b_producer = client
+    let b_producer = b_client
         .producer(b_topic)
         .create()
         .await
@@ -238,6 +248,15 @@ async fn a_noisy_tenant_cannot_refuse_or_lose_another_tenants_messages() {
     }
     flood.abort();
     let _ = flood.await;
+    // A was throttled to its 100 msg/s (plus the burst the bucket allows and
+    // the publishes already read off the socket when a pause starts).
+    let flood_secs = flood_started.elapsed().as_secs_f64();
+    let flood_bound = (100.0 * flood_secs) as u64 + 2_000;
+    let acked = flood_acked.load(Ordering::Relaxed);
+    assert!(
+        acked <= flood_bound,
+        "tenant A's flood was not throttled: {acked} acked in {flood_secs:.1} s (bound {flood_bound})"
+    );
     let http = broker.http();
     let admitted = metric_value(http, "cms_broker_dispatch_read_wait_seconds_count").await;
     let waits = metric_value(http, "cms_broker_dispatch_read_waits_total").await;
@@ -250,4 +269,6 @@ async fn a_noisy_tenant_cannot_refuse_or_lose_another_tenants_messages() {
         "A's replays went through the broker's dispatch read queues ({admitted:?})"
     );
     client.close().await;
+    b_client.close().await;
+    replay_client.close().await;
 }
