@@ -360,6 +360,27 @@ pub fn queues_dir(layout: &Layout, t: &str, ns: &str) -> String {
     join(&join(&join(&admin, "queues"), t), ns)
 }
 
+/// Children of `dir(layout, t, ns)` for `t/ns` and summed over tenant `t`'s
+/// namespaces.
+async fn counts_in(
+    store: &dyn MetadataStore,
+    layout: &Layout,
+    t: &str,
+    ns: &str,
+    dir: fn(&Layout, &str, &str) -> String,
+) -> Result<(u64, u64), MetadataError> {
+    let mut tenant = 0;
+    let mut mine = 0;
+    for n in namespaces_of(store, layout, t).await? {
+        let c = count_children(store, &dir(layout, t, &n)).await?;
+        tenant += c;
+        if n == ns {
+            mine = c;
+        }
+    }
+    Ok((mine, tenant))
+}
+
 /// Stored topics of `t/ns` and of tenant `t`.
 pub async fn topic_counts(
     store: &dyn MetadataStore,
@@ -367,16 +388,7 @@ pub async fn topic_counts(
     t: &str,
     ns: &str,
 ) -> Result<(u64, u64), MetadataError> {
-    let mut tenant = 0;
-    let mut mine = 0;
-    for n in namespaces_of(store, layout, t).await? {
-        let c = count_children(store, &topics_dir(layout, t, &n)).await?;
-        tenant += c;
-        if n == ns {
-            mine = c;
-        }
-    }
-    Ok((mine, tenant))
+    counts_in(store, layout, t, ns, topics_dir).await
 }
 
 /// Queues of `t/ns` and of tenant `t`.
@@ -386,16 +398,7 @@ pub async fn queue_counts(
     t: &str,
     ns: &str,
 ) -> Result<(u64, u64), MetadataError> {
-    let mut tenant = 0;
-    let mut mine = 0;
-    for n in namespaces_of(store, layout, t).await? {
-        let c = count_children(store, &queues_dir(layout, t, &n)).await?;
-        tenant += c;
-        if n == ns {
-            mine = c;
-        }
-    }
-    Ok((mine, tenant))
+    counts_in(store, layout, t, ns, queues_dir).await
 }
 
 /// Whether one more topic may be created in `t/ns`: the namespace's
