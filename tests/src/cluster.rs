@@ -316,6 +316,51 @@ pub struct BrokerNode {
 }
 
 impl BrokerNode {
+    /// An admin REST call to this broker with an optional JSON body:
+    /// (status, the answer as JSON or `Null`). Panics only if the request
+    /// cannot be sent.
+    pub async fn admin_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let client = crate::harness::http::client();
+        let mut req = client.request(method.clone(), format!("http://{}{path}", self.http()));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// An admin REST call with a raw JSON body that must succeed (2xx);
+    /// panics with the status and the answer otherwise.
+    pub async fn admin_ok(&self, method: reqwest::Method, path: &str, body: Option<&str>) {
+        let client = crate::harness::http::client();
+        let mut req = client.request(method.clone(), format!("http://{}{path}", self.http()));
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "{method} {path}: {status} {text}");
+    }
+
     /// Builder of `cms-broker standalone` with its data under `{dir}/data`,
     /// the Pulsar port `pulsar` and HTTP port `http` on loopback, the
     /// read-only disk threshold near 1.0 (shared test disks); `extra` flags

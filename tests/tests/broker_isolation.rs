@@ -33,20 +33,7 @@ fn long() -> bool {
 }
 
 async fn admin(broker: &BrokerNode, method: reqwest::Method, path: &str, body: Option<&str>) {
-    let client = cms_tests::harness::http::client();
-    let mut req = client.request(method.clone(), format!("http://{}{path}", broker.http()));
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .body(b.to_string());
-    }
-    let resp = req
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = resp.status();
-    let text = resp.text().await.unwrap_or_default();
-    assert!(status.is_success(), "{method} {path}: {status} {text}");
+    broker.admin_ok(method, path, body).await
 }
 
 fn backlog_payload(i: u64) -> Vec<u8> {

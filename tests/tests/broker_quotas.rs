@@ -21,15 +21,7 @@ async fn admin(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let c = reqwest::Client::new();
-    let mut req = c.request(method, format!("http://{}{path}", broker.http()));
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("admin request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    broker.admin_call(method, path, body).await
 }
 
 async fn setup_tenant(broker: &BrokerNode, t: &str, namespaces: &[&str]) {

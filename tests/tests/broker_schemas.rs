@@ -12,27 +12,15 @@ use cms_client::proto::pulsar::{
     BaseCommand, CommandGetSchema, Schema, ServerError, base_command::Type,
 };
 use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, RawPulsarClient, run_python};
-use cms_tests::harness::http;
 
 /// `method path` with a JSON body: (status, body as JSON or Null).
 async fn admin(
-    c: &reqwest::Client,
     broker: &BrokerNode,
     method: reqwest::Method,
     path: &str,
     body: Option<serde_json::Value>,
 ) -> (u16, serde_json::Value) {
-    let mut req = c.request(method, format!("http://{}{path}", broker.http()));
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("admin request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
-    )
+    broker.admin_call(method, path, body).await
 }
 
 fn get_schema(request_id: u64, topic: &str, version: Option<u64>) -> BaseCommand {
@@ -76,9 +64,7 @@ async fn producer_with(
 async fn schema_evolution_with_the_python_client_and_get_schema() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let url = broker.service_url();
-    let h = http::client();
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::PUT,
         "/admin/v2/persistent/public/default/schemas-part/partitions",
@@ -186,7 +172,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     // Admin REST: the same history, uploads checked like producers, delete.
     let base = "/admin/v2/schemas/public/default/schemas-raw";
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::GET,
         &format!("{base}/schema"),
@@ -199,7 +184,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         "{v}"
     );
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::GET,
         &format!("{base}/schema/0"),
@@ -208,7 +192,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     .await;
     assert_eq!((st, v["version"].as_u64()), (200, Some(0)), "{v}");
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::GET,
         &format!("{base}/schemas"),
@@ -228,7 +211,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     });
     let post = |body| {
         admin(
-            &h,
             &broker,
             reqwest::Method::POST,
             "/admin/v2/schemas/public/default/schemas-raw/schema",
@@ -246,7 +228,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     );
     // ALWAYS_COMPATIBLE for the namespace: the same upload becomes version 2.
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::POST,
         "/admin/v2/namespaces/public/default/schemaCompatibilityStrategy",
@@ -261,7 +242,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         "{v}"
     );
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::DELETE,
         &format!("{base}/schema"),
@@ -274,7 +254,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         "{v}"
     );
     let (st, _) = admin(
-        &h,
         &broker,
         reqwest::Method::GET,
         &format!("{base}/schema"),
@@ -283,7 +262,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     .await;
     assert_eq!(st, 404);
     let (st, _) = admin(
-        &h,
         &broker,
         reqwest::Method::GET,
         "/admin/v2/schemas/public/nope/t/schema",
@@ -293,10 +271,9 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     assert_eq!(st, 404);
     // Deleting a topic takes its schema with it.
     let json_schema = "/admin/v2/schemas/public/default/schemas-json/schema";
-    let (st, _) = admin(&h, &broker, reqwest::Method::GET, json_schema, None).await;
+    let (st, _) = admin(&broker, reqwest::Method::GET, json_schema, None).await;
     assert_eq!(st, 200);
     let (st, v) = admin(
-        &h,
         &broker,
         reqwest::Method::DELETE,
         "/admin/v2/persistent/public/default/schemas-json?force=true",
@@ -304,6 +281,6 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     )
     .await;
     assert!(st == 200 || st == 204, "{st} {v}");
-    let (st, _) = admin(&h, &broker, reqwest::Method::GET, json_schema, None).await;
+    let (st, _) = admin(&broker, reqwest::Method::GET, json_schema, None).await;
     assert_eq!(st, 404);
 }
