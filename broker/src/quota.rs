@@ -191,6 +191,37 @@ pub fn usage_by_broker(
         .collect()
 }
 
+/// This broker's shares (messages, bytes per second) of the rate quotas in
+/// `q` (dispatch rates if `dispatch`, else publish rates), split by
+/// [`allocate`] over the brokers' fresh reports of the scope's usage
+/// (`usage_of` picks the scope's entry of a report). Pure.
+pub fn rate_shares(
+    q: &Quotas,
+    dispatch: bool,
+    reports: &BTreeMap<String, UsageReport>,
+    now_ms: u64,
+    me: &str,
+    usage_of: impl Fn(&UsageReport) -> Option<&Usage>,
+) -> (Option<u64>, Option<u64>) {
+    let share = |quota: Option<u64>, f: fn(&Usage) -> u64| {
+        quota.map(|quota| {
+            let u = usage_by_broker(reports, now_ms, |r| Some(usage_of(r).map_or(0, f)));
+            allocate(quota, me, &u)
+        })
+    };
+    if dispatch {
+        (
+            share(q.dispatch_rate_in_msgs, |u| u.dispatch_rate_in_msgs),
+            share(q.dispatch_rate_in_bytes, |u| u.dispatch_rate_in_bytes),
+        )
+    } else {
+        (
+            share(q.publish_rate_in_msgs, |u| u.publish_rate_in_msgs),
+            share(q.publish_rate_in_bytes, |u| u.publish_rate_in_bytes),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota as GQuota, RateLimiter};
 use tracing::{debug, info, warn};
 
-use crate::quota::{Quotas, Scope, Usage, UsageReport, allocate, check_count, check_size};
+use crate::quota::{Quotas, Scope, Usage, UsageReport, check_count, check_size};
 use crate::tenancy::{NamespacePolicies, TenantInfo, namespace_path, tenant_path};
 use crate::topic_name::TopicName;
 use crate::topics::{Topic, Topics};
@@ -920,25 +920,9 @@ impl QuotaService {
                     },
                 };
                 let g = lock(&self.inner);
-                let share = |quota: Option<u64>, f: fn(&Usage) -> u64| {
-                    quota.map(|q| {
-                        let u = crate::quota::usage_by_broker(&g.reports, now, |r| {
-                            Some(r.tenants.get(t).map_or(0, f))
-                        });
-                        allocate(q, &self.broker_id, &u)
-                    })
-                };
-                if dispatch {
-                    (
-                        share(q.dispatch_rate_in_msgs, |u| u.dispatch_rate_in_msgs),
-                        share(q.dispatch_rate_in_bytes, |u| u.dispatch_rate_in_bytes),
-                    )
-                } else {
-                    (
-                        share(q.publish_rate_in_msgs, |u| u.publish_rate_in_msgs),
-                        share(q.publish_rate_in_bytes, |u| u.publish_rate_in_bytes),
-                    )
-                }
+                crate::quota::rate_shares(&q, dispatch, &g.reports, now, &self.broker_id, |r| {
+                    r.tenants.get(t)
+                })
             } else if let Some(n) = scope.strip_prefix("n:") {
                 let Some((t, ns)) = n.split_once('/') else {
                     continue;
@@ -955,25 +939,9 @@ impl QuotaService {
                 };
                 let q = p.quotas.unwrap_or_default();
                 let g = lock(&self.inner);
-                let share = |quota: Option<u64>, f: fn(&Usage) -> u64| {
-                    quota.map(|q| {
-                        let u = crate::quota::usage_by_broker(&g.reports, now, |r| {
-                            Some(r.namespaces.get(n).map_or(0, f))
-                        });
-                        allocate(q, &self.broker_id, &u)
-                    })
-                };
-                if dispatch {
-                    (
-                        share(q.dispatch_rate_in_msgs, |u| u.dispatch_rate_in_msgs),
-                        share(q.dispatch_rate_in_bytes, |u| u.dispatch_rate_in_bytes),
-                    )
-                } else {
-                    (
-                        share(q.publish_rate_in_msgs, |u| u.publish_rate_in_msgs),
-                        share(q.publish_rate_in_bytes, |u| u.publish_rate_in_bytes),
-                    )
-                }
+                crate::quota::rate_shares(&q, dispatch, &g.reports, now, &self.broker_id, |r| {
+                    r.namespaces.get(n)
+                })
             } else if let Some(name) = scope.strip_prefix("p:") {
                 // Pulsar's per-topic publish rate of the namespace policy.
                 let Ok(tn) = TopicName::parse(name) else {
