@@ -202,6 +202,22 @@ async fn start_cluster(scope: &Scope) -> DockerCluster {
     for b in &brokers {
         scope.wait_ready(b, 8080, READY_TIMEOUT_MS).await;
     }
+    // The admin CLI in the image reaches a broker by its name on the network.
+    let tenants = scope
+        .run_once(&strings(&[
+            TEST_IMAGE,
+            "cms-admin",
+            "--url",
+            &format!("http://{}:8080", brokers[0].name),
+            "tenants",
+            "list",
+        ]))
+        .await
+        .unwrap_or_else(|e| panic!("cms-admin tenants list in a container: {e}"));
+    assert!(
+        tenants.contains("public"),
+        "cms-admin tenants list said: {tenants}"
+    );
     DockerCluster {
         zk,
         bookies,
