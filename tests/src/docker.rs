@@ -40,7 +40,7 @@ pub const TEST_IMAGE: &str = "cms:dev";
 pub const LOG_TAIL_ON_PANIC_LINES: usize = 40;
 
 /// A `docker` call that did not succeed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DockerError {
     /// The CLI could not be started.
     #[error("`{command}` could not start: {reason}")]

@@ -104,6 +104,14 @@ async fn standalone_in_a_container_serves_the_python_client() {
         .collect();
     let sent: Vec<String> = (0..count).map(|i| format!("msg-{i}")).collect();
     assert_eq!(received, sent, "consumed back what was published, in order");
+    // Nothing went wrong on the way: no ERROR line in the broker's log.
+    let log = scope.logs_tail(&broker, 10_000);
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(
+        errors.is_empty(),
+        "ERROR lines in the container's log:\n{}",
+        errors.join("\n")
+    );
 }
 
 /// A cluster's containers.
