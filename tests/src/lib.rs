@@ -4,6 +4,7 @@ pub mod admin_cli;
 pub mod chaos;
 pub mod cluster;
 pub mod conformance;
+pub mod docker;
 pub mod faults;
 pub mod harness;
 pub mod history;
