@@ -241,7 +241,7 @@ pub struct Conn {
     publish_permits: Arc<Semaphore>,
     lookup_permits: Arc<Semaphore>,
     /// What received SENDs still owe the publish-rate buckets.
-    owed: Vec<crate::quota_io::Charge>,
+    pub(crate) owed: Vec<crate::quota_io::Charge>,
     /// A topic whose backlog quota holds its producers
     /// (`producer_request_hold`).
     held: Option<Arc<Topic>>,

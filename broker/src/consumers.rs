@@ -646,8 +646,8 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         forward(
             conn.state.clone(),
             topic.clone(),
-            c.consumer_id,
-            generation,
+            c.subscription.clone(),
+            (c.consumer_id, generation),
             deliveries,
             conn.out.clone(),
             conn.events_tx.clone(),
@@ -676,15 +676,18 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
 async fn forward(
     state: Arc<crate::service::BrokerState>,
     topic: Arc<Topic>,
-    consumer_id: u64,
-    generation: u64,
+    subscription: String,
+    (consumer_id, generation): (u64, u64),
     mut deliveries: mpsc::Receiver<Delivery>,
     out: Outbound,
     events: mpsc::Sender<ConnEvent>,
 ) {
     let mut closing = topic.closing();
     let counter = message_counter();
-    let dispatch_buckets = state.quota.dispatch_buckets_for(&topic.name).await;
+    let dispatch_buckets = state
+        .quota
+        .dispatch_buckets_for(&topic.name, &subscription)
+        .await;
     loop {
         let d = tokio::select! {
             d = deliveries.recv() => d,

@@ -222,6 +222,17 @@ pub fn rate_shares(
     }
 }
 
+/// A `message_age` backlog quota's verdict: the age in whole seconds of
+/// the oldest unacknowledged message (published at `oldest_publish_ms`)
+/// when it is older than `limit_time` seconds at `now_ms`; None when within
+/// the limit, without a limit (`limit_time` < 1, Pulsar's -1) or with
+/// nothing unacknowledged.
+pub fn age_over(limit_time: i64, oldest_publish_ms: Option<u64>, now_ms: u64) -> Option<u64> {
+    let limit = u64::try_from(limit_time).ok().filter(|&l| l > 0)?;
+    let age_ms = now_ms.saturating_sub(oldest_publish_ms?);
+    (age_ms > limit.saturating_mul(1000)).then_some(age_ms / 1000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +274,20 @@ mod tests {
         assert_eq!(e, "namespace a/b quota maxTopics=3 reached (3 in use)");
         let e = check_size(Scope::Tenant("a"), "storageBytes", Some(10), 11).unwrap_err();
         assert!(e.contains("storageBytes=10"), "{e}");
+    }
+
+    #[test]
+    fn message_age_is_over_only_past_the_limit() {
+        // No limit, nothing unacknowledged: never over.
+        assert_eq!(age_over(-1, Some(0), 1_000_000), None);
+        assert_eq!(age_over(0, Some(0), 1_000_000), None);
+        assert_eq!(age_over(10, None, 1_000_000), None);
+        // Exactly at the limit is within it; a millisecond more is over.
+        assert_eq!(age_over(10, Some(5_000), 15_000), None);
+        assert_eq!(age_over(10, Some(5_000), 15_001), Some(10));
+        assert_eq!(age_over(10, Some(0), 42_500), Some(42));
+        // A publish time in the future (clock skew) is age 0.
+        assert_eq!(age_over(1, Some(9_000), 1_000), None);
     }
 
     #[test]

@@ -24,7 +24,13 @@
 //!   `producer_exception` disconnects them (the topic is unloaded, G13) and
 //!   refuses their re-creation with ProducerBlockedQuotaExceededException,
 //!   `consumer_backlog_eviction` moves the slowest cursor past its oldest
-//!   entries until the backlog fits.
+//!   entries until the backlog fits. The `message_age` backlog quota is
+//!   checked on the same interval against the publish time of the oldest
+//!   unacknowledged message ([`crate::quota::age_over`]): hold and exception
+//!   as above, eviction expires the messages over the age.
+//! - **Dispatch rates**: buckets per tenant, namespace, topic
+//!   (`topicDispatchRate`) and subscription (`subscriptionDispatchRate`);
+//!   a consumer's forwarder pays all of them before each delivery.
 //!
 //! Promises: no refusal is a SEND_ERROR (G6); every refusal names the
 //! quota and its value; the aggregate publish rate of a tenant over all
@@ -51,6 +57,11 @@ use crate::topics::{Topic, Topics};
 
 /// Period of usage reports and bucket resizing, in milliseconds.
 pub const REPORT_INTERVAL_MS: u64 = 1_000;
+
+/// Separates the topic from the subscription in the key of a
+/// subscription dispatch bucket (`ds:<topic><SEP><subscription>`); neither
+/// name holds a control character.
+const SUB_SEP: char = '\u{1}';
 
 /// A refusal: the Pulsar error class and the message.
 pub type Refusal = (ServerError, String);
@@ -224,6 +235,22 @@ struct Inner {
     hold_limits: HashMap<String, Option<u64>>,
     /// Scopes over `storageBytes` (`t:..` / `n:..`) → reason.
     storage_over: HashMap<String, String>,
+    /// Loaded topics over a `message_age` quota with the
+    /// `producer_request_hold` policy (measured every interval).
+    age_held: HashSet<String>,
+    /// Topic → (oldest unacknowledged position, its publish time in ms):
+    /// the entry is read again only when the position moves.
+    age_cache: HashMap<String, (crate::managed_ledger::Position, Option<u64>)>,
+}
+
+/// How a `consumer_backlog_eviction` drops the oldest backlog.
+enum Evict {
+    /// Move `cursor` (mark-delete at the position) past about this many
+    /// bytes (`destination_storage`).
+    Size(String, crate::managed_ledger::Position, u64),
+    /// Expire every subscription's messages older than this many seconds
+    /// (`message_age`).
+    Age(u64),
 }
 
 /// The broker's quota state (one per broker, in `BrokerState`).
@@ -676,7 +703,7 @@ impl QuotaService {
 
     /// The buckets a producer on `topic` pays into.
     pub async fn buckets_for(&self, topic: &TopicName) -> Vec<Arc<Bucket>> {
-        self.buckets([
+        self.buckets(vec![
             format!("t:{}", topic.tenant),
             format!("n:{}/{}", topic.tenant, topic.namespace),
             format!("p:{topic}"),
@@ -716,13 +743,16 @@ impl QuotaService {
             .collect()
     }
 
-    /// The buckets a consumer on `topic` pays into for dispatch (tenant,
-    /// namespace, Pulsar's per-topic `topicDispatchRate`).
-    pub async fn dispatch_buckets_for(&self, topic: &TopicName) -> Vec<Arc<Bucket>> {
-        self.buckets([
+    /// The buckets a consumer of subscription `sub` on `topic` pays into
+    /// for dispatch: tenant, namespace, Pulsar's per-topic
+    /// `topicDispatchRate` and per-subscription `subscriptionDispatchRate`
+    /// (one bucket per subscription, shared by its consumers on this broker).
+    pub async fn dispatch_buckets_for(&self, topic: &TopicName, sub: &str) -> Vec<Arc<Bucket>> {
+        self.buckets(vec![
             format!("dt:{}", topic.tenant),
             format!("dn:{}/{}", topic.tenant, topic.namespace),
             format!("dp:{topic}"),
+            format!("ds:{topic}{SUB_SEP}{sub}"),
         ])
         .await
     }
@@ -766,8 +796,18 @@ impl QuotaService {
     /// topic was loaded with, before the first interval).
     pub fn is_held(&self, topic: &Topic) -> bool {
         let name = topic.name.to_string();
-        let limit = match lock(&self.inner).hold_limits.get(&name) {
-            Some(l) => *l,
+        let (limit, age_held) = {
+            let g = lock(&self.inner);
+            (
+                g.hold_limits.get(&name).copied(),
+                g.age_held.contains(&name),
+            )
+        };
+        if age_held {
+            return true;
+        }
+        let limit = match limit {
+            Some(l) => l,
             None => topic
                 .policies
                 .backlog_quota_map
@@ -894,7 +934,13 @@ impl QuotaService {
         // Forget topic buckets of topics no longer loaded.
         let live: HashSet<String> = loaded.iter().map(|t| t.name.to_string()).collect();
         lock(&self.inner).buckets.retain(|k, b| {
-            let topic = k.strip_prefix("p:").or_else(|| k.strip_prefix("dp:"));
+            let topic = k
+                .strip_prefix("p:")
+                .or_else(|| k.strip_prefix("dp:"))
+                .or_else(|| {
+                    k.strip_prefix("ds:")
+                        .map(|r| r.split_once(SUB_SEP).map_or(r, |(t, _)| t))
+                });
             topic.is_none_or(|t| live.contains(t)) || Arc::strong_count(b) > 1
         });
     }
@@ -942,8 +988,16 @@ impl QuotaService {
                 crate::quota::rate_shares(&q, dispatch, &g.reports, now, &self.broker_id, |r| {
                     r.namespaces.get(n)
                 })
-            } else if let Some(name) = scope.strip_prefix("p:") {
-                // Pulsar's per-topic publish rate of the namespace policy.
+            } else if let Some((name, per_sub)) =
+                scope.strip_prefix("p:").map(|n| (n, false)).or_else(|| {
+                    scope
+                        .strip_prefix("s:")
+                        .and_then(|r| r.split_once(SUB_SEP))
+                        .map(|(n, _)| (n, true))
+                })
+            {
+                // Pulsar's per-topic publish / dispatch rate and
+                // per-subscription dispatch rate of the namespace policy.
                 let Ok(tn) = TopicName::parse(name) else {
                     continue;
                 };
@@ -965,7 +1019,12 @@ impl QuotaService {
                 let pos = |v: i64| u64::try_from(v).ok().filter(|&v| v > 0);
                 if dispatch {
                     // Per period; spread evenly over its seconds.
-                    let r = p.topic_dispatch_rate.values().next().copied();
+                    let rates = if per_sub {
+                        &p.subscription_dispatch_rate
+                    } else {
+                        &p.topic_dispatch_rate
+                    };
+                    let r = rates.values().next().copied();
                     let per_s = |v: i64, r: &crate::tenancy::DispatchRate| {
                         pos(v).map(|v| (v / u64::from(r.rate_period_in_second.max(1))).max(1))
                     };
@@ -995,7 +1054,7 @@ impl QuotaService {
 
     /// The buckets of `keys`, new ones sized at once (not at the next
     /// interval: a producer never starts unthrottled).
-    async fn buckets(&self, keys: [String; 3]) -> Vec<Arc<Bucket>> {
+    async fn buckets(&self, keys: Vec<String>) -> Vec<Arc<Bucket>> {
         let (buckets, new) = {
             let mut g = lock(&self.inner);
             let mut new = Vec::new();
@@ -1022,6 +1081,7 @@ impl QuotaService {
     async fn backlog(&self, topics: &Topics, loaded: &[Arc<Topic>]) {
         let mut blocked = HashMap::new();
         let mut hold_limits = HashMap::new();
+        let mut age_held = HashSet::new();
         let mut np_cache: HashMap<String, NamespacePolicies> = HashMap::new();
         for t in loaded {
             let n = format!("{}/{}", t.name.tenant, t.name.namespace);
@@ -1048,49 +1108,68 @@ impl QuotaService {
                 q.filter(|q| q.policy == "producer_request_hold")
                     .and_then(|q| u64::try_from(q.limit_size).ok()),
             );
-            let Some(q) = q else {
-                continue;
-            };
-            let Ok(limit) = u64::try_from(q.limit_size) else {
-                continue;
-            };
-            let Some((cursor, bytes, md)) = t.ml.slowest_cursor_backlog() else {
-                continue;
-            };
-            if bytes <= limit {
-                continue;
+            // Over `destination_storage`: (policy, reason, eviction).
+            let mut over: Vec<(String, String, Evict)> = Vec::new();
+            if let Some(q) = q
+                && let Ok(limit) = u64::try_from(q.limit_size)
+                && let Some((cursor, bytes, md)) = t.ml.slowest_cursor_backlog()
+                && bytes > limit
+            {
+                let reason = format!(
+                    "topic {}: backlog quota destination_storage limitSize={limit} exceeded \
+                     ({bytes} bytes behind subscription {cursor}), policy {}",
+                    t.name, q.policy
+                );
+                over.push((
+                    q.policy.clone(),
+                    reason,
+                    Evict::Size(cursor, md, bytes - limit),
+                ));
             }
-            let reason = format!(
-                "topic {}: backlog quota destination_storage limitSize={limit} exceeded \
-                 ({bytes} bytes behind subscription {cursor}), policy {}",
-                t.name, q.policy
-            );
-            match q.policy.as_str() {
-                "consumer_backlog_eviction" => {
-                    evict(t, &cursor, md, bytes - limit).await;
+            if let Some(q) = p.backlog_quota_map.get("message_age")
+                && q.limit_time > 0
+                && let Some((cursor, age)) = self.oldest_age(t, q.limit_time).await
+            {
+                let reason = format!(
+                    "topic {}: backlog quota message_age limitTime={} exceeded (oldest \
+                     unacknowledged message of subscription {cursor} is {age} s old), policy {}",
+                    t.name, q.limit_time, q.policy
+                );
+                if q.policy == "producer_request_hold" {
+                    age_held.insert(t.name.to_string());
                 }
-                "producer_exception" => {
-                    blocked.insert(
-                        t.name.to_string(),
-                        Blocked {
-                            policy: q.policy.clone(),
-                            reason: reason.clone(),
-                        },
-                    );
-                    if t.producers_connected().is_empty() {
-                        continue;
+                over.push((
+                    q.policy.clone(),
+                    reason,
+                    Evict::Age(u64::try_from(q.limit_time).unwrap_or(u64::MAX)),
+                ));
+            }
+            for (policy, reason, how) in over {
+                match policy.as_str() {
+                    "consumer_backlog_eviction" => match how {
+                        Evict::Size(cursor, md, excess) => evict(t, &cursor, md, excess).await,
+                        Evict::Age(limit_s) => evict_older(t, limit_s).await,
+                    },
+                    "producer_exception" => {
+                        blocked.insert(
+                            t.name.to_string(),
+                            Blocked {
+                                policy,
+                                reason: reason.clone(),
+                            },
+                        );
+                        if t.producers_connected().is_empty() {
+                            continue;
+                        }
+                        info!(tenant = %t.name.tenant, namespace = %t.name.namespace, topic = %t.name, %reason, "backlog quota: disconnecting producers");
+                        topics.unload(t, "backlog quota exceeded").await;
+                        break;
                     }
-                    info!(tenant = %t.name.tenant, namespace = %t.name.namespace, topic = %t.name, %reason, "backlog quota: disconnecting producers");
-                    topics.unload(t, "backlog quota exceeded").await;
-                }
-                _ => {
-                    blocked.insert(
-                        t.name.to_string(),
-                        Blocked {
-                            policy: q.policy.clone(),
-                            reason,
-                        },
-                    );
+                    _ => {
+                        blocked
+                            .entry(t.name.to_string())
+                            .or_insert(Blocked { policy, reason });
+                    }
                 }
             }
         }
@@ -1108,8 +1187,38 @@ impl QuotaService {
             blocked.extend(keep);
             g.blocked = blocked;
             g.hold_limits = hold_limits;
+            g.age_held = age_held;
+            g.age_cache.retain(|k, _| live.contains(k));
         }
         self.storage_quotas().await;
+    }
+
+    /// The subscription holding `t`'s oldest unacknowledged message and
+    /// that message's age in seconds, when it is older than `limit_time`
+    /// seconds (`message_age` quota). The publish time is read from the
+    /// entry (once per position: cached while the position stays).
+    async fn oldest_age(&self, t: &Arc<Topic>, limit_time: i64) -> Option<(String, u64)> {
+        let (cursor, pos) = t.ml.oldest_unacked()?;
+        let name = t.name.to_string();
+        let cached = lock(&self.inner)
+            .age_cache
+            .get(&name)
+            .filter(|(p, _)| *p == pos)
+            .map(|(_, ms)| *ms);
+        let published = match cached {
+            Some(ms) => ms,
+            None => match t.ml.publish_time_of(pos).await {
+                Ok(ms) => {
+                    lock(&self.inner).age_cache.insert(name, (pos, ms));
+                    ms
+                }
+                Err(e) => {
+                    debug!(topic = %t.name, position = %pos, error = %e, "message_age quota: reading the oldest entry");
+                    return None;
+                }
+            },
+        };
+        crate::quota::age_over(limit_time, published, now_ms()).map(|age| (cursor, age))
     }
 
     /// Recomputes which tenants / namespaces are over `storageBytes`
@@ -1207,6 +1316,19 @@ async fn evict(t: &Arc<Topic>, cursor: &str, md: crate::managed_ledger::Position
         Err(e) => {
             warn!(topic = %t.name, subscription = cursor, error = %e, "backlog eviction: opening the subscription")
         }
+    }
+}
+
+/// `consumer_backlog_eviction` of a `message_age` quota: every
+/// subscription's messages older than `limit_s` seconds are expired (the
+/// mark-delete moves past them, as the message TTL does).
+async fn evict_older(t: &Arc<Topic>, limit_s: u64) {
+    match t.ml.expire_messages(limit_s).await {
+        Ok(moved) if !moved.is_empty() => {
+            info!(tenant = %t.name.tenant, namespace = %t.name.namespace, topic = %t.name, subscriptions = ?moved, limit_time = limit_s, "backlog quota: messages over the age limit evicted")
+        }
+        Ok(_) => {}
+        Err(e) => warn!(topic = %t.name, error = %e, "backlog eviction by age"),
     }
 }
 

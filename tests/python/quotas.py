@@ -14,6 +14,12 @@ Modes:
             acknowledged ("held_at"), then drain the subscription with acks
             and wait for every send; prints {"held_at", "acked", "errors",
             "received"}.
+  age_hold  subscribe (--sub) on a second client, publish one message, wait
+            --age-wait-s (past a message_age quota), then publish --count
+            messages with send_async; after 3 s record how many were
+            acknowledged ("held_at"), then drain the subscription with acks
+            and wait for every send; prints {"held_at", "acked", "errors",
+            "received"} (received counts the first message too).
 """
 import time
 
@@ -28,6 +34,8 @@ p.add_argument("--size", type=int, default=100)
 p.add_argument("--sub", default="quota-sub")
 p.add_argument("--interval-ms", type=int, default=10,
                help="hold: pause between sends")
+p.add_argument("--age-wait-s", type=float, default=4.0,
+               help="age_hold: wait after the first message")
 args = p.parse_args()
 c = common.client(args)
 
@@ -118,6 +126,41 @@ elif args.mode == "hold":
     deadline = time.time() + 30
     while (len(acked) + len(errors) < args.count or received < args.count) \
             and time.time() < deadline:
+        try:
+            m = cons.receive(timeout_millis=500)
+            cons.acknowledge(m)
+            received += 1
+        except pulsar.Timeout:
+            pass
+    c.close()
+    c2.close()
+    common.done({"held_at": held_at, "acked": len(acked), "errors": errors,
+                 "received": received})
+elif args.mode == "age_hold":
+    c2 = common.client(args)
+    cons = c2.subscribe(args.topic, args.sub)
+    prod = c.create_producer(args.topic, batching_enabled=False,
+                             max_pending_messages=args.count + 1,
+                             send_timeout_millis=60000)
+    prod.send(b"first")
+    time.sleep(args.age_wait_s)
+    acked = []
+    errors = []
+
+    def cb(res, _mid):
+        if res == pulsar.Result.Ok:
+            acked.append(1)
+        else:
+            errors.append(str(res))
+
+    for i in range(args.count):
+        prod.send_async(b"a" * args.size, cb)
+    time.sleep(3)
+    held_at = len(acked)
+    received = 0
+    deadline = time.time() + 30
+    while (len(acked) + len(errors) < args.count
+           or received < args.count + 1) and time.time() < deadline:
         try:
             m = cons.receive(timeout_millis=500)
             cons.acknowledge(m)

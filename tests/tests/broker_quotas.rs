@@ -544,3 +544,252 @@ async fn tenant_publish_quota_holds_across_two_brokers_and_namespaces() {
         rb.json
     );
 }
+
+/// Sets a `message_age` backlog quota of `limit_s` seconds with `policy` on
+/// namespace `ns` (`tenant/ns`), as Pulsar's REST does
+/// (`backlogQuotaType=message_age`).
+async fn set_age_quota(broker: &BrokerNode, ns: &str, limit_s: u64, policy: &str) {
+    let path = format!("/admin/v2/namespaces/{ns}/backlogQuota?backlogQuotaType=message_age");
+    let body = json!({"limitTime": limit_s, "policy": policy});
+    let (st, v) = admin(broker, reqwest::Method::POST, &path, Some(body.clone())).await;
+    assert_eq!(st, 204, "{v}");
+    let (st, v) = admin(
+        broker,
+        reqwest::Method::GET,
+        &format!("/admin/v2/namespaces/{ns}/backlogQuotaMap"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["message_age"]["limitTime"], limit_s, "{v}");
+    assert_eq!(v["message_age"]["policy"], policy, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_quota_hold_pauses_sends_until_the_old_message_is_acked() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qagehold", &["ns"]).await;
+    set_age_quota(&broker, "qagehold/ns", 2, "producer_request_hold").await;
+    let run = run_python(
+        "quotas.py",
+        &args(
+            &broker.service_url(),
+            "persistent://qagehold/ns/h",
+            "age_hold",
+            &["--count", "50", "--age-wait-s", "4"],
+        ),
+        90_000,
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    eprintln!("age hold: {}", run.json);
+    // Held: the unacknowledged first message is 4 s old against a 2 s
+    // limit, so the 50 sends wait (at most the SEND read before the hold
+    // was seen goes through).
+    let held_at = run.json["held_at"].as_u64().unwrap();
+    assert!(held_at <= 5, "{}", run.json);
+    // Resumed once the consumer acknowledged: every send acknowledged.
+    assert_eq!(run.json["acked"], 50, "{}", run.json);
+    assert_eq!(run.json["errors"], json!([]), "{}", run.json);
+    assert_eq!(run.json["received"], 51, "{}", run.json);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_quota_exception_refuses_the_producer() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qageexc", &["ns"]).await;
+    set_age_quota(&broker, "qageexc/ns", 2, "producer_exception").await;
+    let url = broker.service_url();
+    let topic = "persistent://qageexc/ns/x";
+    // One message nobody acknowledges.
+    let run = run_python(
+        "quotas.py",
+        &args(&url, topic, "backlog", &["--count", "1", "--sub", "slow"]),
+        60_000,
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.json, run.stderr);
+    assert_eq!(run.json["acked"], 1, "{}", run.json);
+    // Once it is older than 2 s, a new producer is refused with the quota
+    // error class (final at creation), never a SEND_ERROR.
+    let refused = cms_tests::harness::wait::within(20_000, || async {
+        let run = run_python("quotas.py", &args(&url, topic, "create", &[]), 30_000).await;
+        let e = run.json["error"].as_str().unwrap_or_default().to_string();
+        e.contains("ProducerBlockedQuota")
+    })
+    .await;
+    assert!(refused.is_some(), "no ProducerBlockedQuotaExceeded refusal");
+    // Other topics of the namespace are not affected.
+    let run = run_python(
+        "quotas.py",
+        &args(&url, "persistent://qageexc/ns/other", "create", &[]),
+        30_000,
+    )
+    .await;
+    assert_eq!(run.json["created"], 1, "{}", run.json);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_quota_eviction_drops_only_the_messages_over_the_age() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qageev", &["ns"]).await;
+    set_age_quota(&broker, "qageev/ns", 4, "consumer_backlog_eviction").await;
+    let url = broker.service_url();
+    let topic = "persistent://qageev/ns/e";
+    let publish_five = || async {
+        let run = run_python(
+            "quotas.py",
+            &args(&url, topic, "backlog", &["--count", "5", "--sub", "slow"]),
+            60_000,
+        )
+        .await;
+        assert!(run.ok, "{}\n{}", run.json, run.stderr);
+        // Producers are never refused under this policy.
+        assert_eq!(run.json["acked"], 5, "{}", run.json);
+    };
+    let stats = "/admin/v2/persistent/qageev/ns/e/stats";
+    let backlog_is = |n: u64| {
+        let broker = &broker;
+        move || async move {
+            let (_, v) = admin(broker, reqwest::Method::GET, stats, None).await;
+            v["subscriptions"]["slow"]["msgBacklog"].as_u64() == Some(n)
+        }
+    };
+    publish_five().await;
+    // The first five age past 4 s; five more are published after that.
+    let first = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+    publish_five().await;
+    let young_left = first.elapsed();
+    // The old five are evicted, the young five kept (until they too are
+    // older than 4 s, at least 4 s after `young_left`).
+    let only_young = cms_tests::harness::wait::within(3_500, backlog_is(5)).await;
+    let (_, last) = admin(&broker, reqwest::Method::GET, stats, None).await;
+    assert!(
+        only_young.is_some(),
+        "old backlog not evicted or young backlog evicted ({young_left:?} after the first): {last}"
+    );
+    // Then the young five, once over the age.
+    let all = cms_tests::harness::wait::within(15_000, backlog_is(0)).await;
+    let (_, last) = admin(&broker, reqwest::Method::GET, stats, None).await;
+    assert!(all.is_some(), "backlog not evicted: {last}");
+}
+
+/// Receives `n` messages on a new Exclusive subscription `sub` of `topic`
+/// from the earliest, acknowledging each; the seconds it took.
+async fn consume_timed(url: String, topic: String, sub: String, n: u64) -> f64 {
+    let client = cms_client::Client::new(url).expect("client");
+    let mut c = client
+        .consumer(&topic, &sub)
+        .sub_type(cms_client::SubType::Exclusive)
+        .initial_position(cms_client::InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap_or_else(|e| panic!("subscribing {sub}: {e}"));
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        let m = tokio::time::timeout(std::time::Duration::from_secs(60), c.receive())
+            .await
+            .unwrap_or_else(|_| panic!("{sub}: no message within 60 s"))
+            .unwrap_or_else(|e| panic!("{sub}: receive: {e}"));
+        c.ack(&m.id)
+            .await
+            .unwrap_or_else(|e| panic!("{sub}: ack: {e}"));
+    }
+    t0.elapsed().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_dispatch_rate_limits_each_subscription() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qsdr", &["ns"]).await;
+    let topic = "persistent://qsdr/ns/d".to_string();
+    let n = 300u64;
+    // The backlog; the subscriptions start from the earliest message.
+    {
+        let client = cms_client::Client::new(broker.service_url()).unwrap();
+        let p = client
+            .producer(&topic)
+            .batching(false)
+            .create()
+            .await
+            .unwrap();
+        let mut receipts = Vec::new();
+        for i in 0..n {
+            receipts.push(p.send_async(format!("m{i}").into_bytes()).await.unwrap());
+        }
+        for r in receipts {
+            r.await.unwrap();
+        }
+        p.close().await.unwrap();
+    }
+    let (st, v) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qsdr/ns/subscriptionDispatchRate",
+        Some(json!({"dispatchThrottlingRateInMsg": 100, "ratePeriodInSecond": 1})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    // Two subscriptions read at once: each is held to 100 msg/s on its own
+    // (a topic-wide limit would make them share 100 msg/s).
+    let url = broker.service_url();
+    let a = tokio::spawn(consume_timed(url.clone(), topic.clone(), "a".into(), n));
+    let b = tokio::spawn(consume_timed(url, topic.clone(), "b".into(), n));
+    let (sa, sb) = (a.await.unwrap(), b.await.unwrap());
+    for (sub, secs) in [("a", sa), ("b", sb)] {
+        let rate = n as f64 / secs;
+        eprintln!("subscription {sub}: {rate:.1} msg/s over {secs:.2} s (limit 100)");
+        assert!(
+            (60.0..=130.0).contains(&rate),
+            "subscription {sub}: {rate:.1} msg/s over {secs:.2} s, limit 100/s"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_persistent_topics_are_under_publish_rate_and_count_quotas() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qnp", &["ns"]).await;
+    let (st, v) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qnp/ns/quotas",
+        Some(json!({"publishRateInMsgs": 100, "maxProducers": 1})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    let topic = "non-persistent://qnp/ns/np";
+    let client = cms_client::Client::new(broker.service_url()).unwrap();
+    let p = client
+        .producer(topic)
+        .batching(false)
+        .create()
+        .await
+        .unwrap();
+    // The namespace's one producer is in use: a second is refused with the
+    // quota named.
+    let other = cms_client::Client::new(broker.service_url()).unwrap();
+    let Err(err) = other.producer(topic).create().await else {
+        panic!("a second producer over maxProducers=1 was admitted");
+    };
+    assert!(err.to_string().contains("maxProducers=1"), "{err}");
+    // 300 messages at 100/s: about 3 s (the bucket starts empty).
+    let n = 300u64;
+    let t0 = std::time::Instant::now();
+    let mut receipts = Vec::new();
+    for i in 0..n {
+        receipts.push(p.send_async(format!("np{i}").into_bytes()).await.unwrap());
+    }
+    for r in receipts {
+        r.await.unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let rate = n as f64 / secs;
+    eprintln!("non-persistent publish under a 100 msg/s quota: {rate:.1}/s over {secs:.2} s");
+    assert!(
+        (60.0..=130.0).contains(&rate),
+        "rate {rate:.1}/s over {secs:.2} s, quota 100/s"
+    );
+    p.close().await.unwrap();
+}

@@ -10,7 +10,15 @@
 //! - ACK / REDELIVER are accepted and ignored (nothing is kept to
 //!   redeliver); SEEK is refused with NotAllowed; CLOSE_* are idempotent;
 //! - every producer and consumer releases its topic hold when it closes or
-//!   the connection ends.
+//!   the connection ends;
+//! - quotas apply as on persistent topics (docs/quotas.md): producers and
+//!   consumers are admitted by [`crate::quota_io::QuotaService::admit`]
+//!   (tenant / namespace counts and connections), SENDs pay the publish-rate
+//!   buckets (the connection stops being read, no error) and deliveries the
+//!   dispatch-rate buckets (a consumer that waits fills its queue, and
+//!   further messages are dropped for it, as any slow non-persistent
+//!   consumer's are). Per-topic counts and backlog quotas do not apply
+//!   (nothing is stored).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +42,11 @@ use crate::topics::TopicError;
 struct NpProducer {
     topic: Arc<NpTopic>,
     name: String,
+    /// Publish-rate buckets (tenant / namespace quotas, Pulsar's per-topic
+    /// `publishMaxMessageRate`), as for persistent topics.
+    buckets: Vec<Arc<crate::quota_io::Bucket>>,
+    /// Its place in the tenant's and namespace's counts.
+    _quota: crate::quota_io::Admission,
 }
 
 struct NpConsumer {
@@ -42,6 +55,8 @@ struct NpConsumer {
     id: ConsumerId,
     name: String,
     sub_type: SubType,
+    /// Its place in the tenant's and namespace's counts.
+    _quota: crate::quota_io::Admission,
 }
 
 /// A connection's producers and consumers on non-persistent topics.
@@ -114,6 +129,26 @@ async fn attach(conn: &Conn, topic: &str, create: bool) -> Result<Arc<NpTopic>, 
         .map_err(|e| attach_reply(&e))
 }
 
+/// The quota admission of a producer or consumer on `topic` (tenant and
+/// namespace counts, connections); a refusal is logged and counted.
+async fn admit(
+    conn: &Conn,
+    topic: &NpTopic,
+    kind: crate::quota_io::Kind,
+) -> Result<crate::quota_io::Admission, ErrorReply> {
+    let r = conn
+        .state
+        .quota
+        .admit(conn.id, &topic.name, kind, 0, None)
+        .await;
+    if let Err(e) = &r {
+        info!(tenant = %topic.name.tenant, namespace = %topic.name.namespace, topic = %topic.name,
+            reason = %e.1, ?kind, "non-persistent handle refused by a quota");
+        conn.state.metrics.quota_refusals.inc();
+    }
+    r
+}
+
 /// PRODUCER on a non-persistent topic.
 pub(crate) async fn on_producer(conn: &mut Conn, c: &CommandProducer) {
     if let Some(existing) = conn.np.producers.get(&c.producer_id)
@@ -179,6 +214,15 @@ pub(crate) async fn on_producer(conn: &mut Conn, c: &CommandProducer) {
             return;
         }
     };
+    let quota = match admit(conn, &topic, crate::quota_io::Kind::Producer).await {
+        Ok(a) => a,
+        Err(e) => {
+            conn.state.topics.non_persistent().detach(&topic);
+            conn.send_error(c.request_id, e).await;
+            return;
+        }
+    };
+    let buckets = conn.state.quota.buckets_for(&topic.name).await;
     let name = match c.producer_name.as_deref() {
         Some(n) if !n.is_empty() => n.to_string(),
         _ => conn.state.next_producer_name(),
@@ -194,9 +238,15 @@ pub(crate) async fn on_producer(conn: &mut Conn, c: &CommandProducer) {
     conn.state.metrics.producers.inc();
     info!(tenant = %topic.name.tenant, namespace = %topic.name.namespace, topic = %topic.name,
         producer = %name, producer_id = c.producer_id, "non-persistent producer created");
-    conn.np
-        .producers
-        .insert(c.producer_id, NpProducer { topic, name });
+    conn.np.producers.insert(
+        c.producer_id,
+        NpProducer {
+            topic,
+            name,
+            buckets,
+            _quota: quota,
+        },
+    );
 }
 
 /// SEND from a non-persistent producer: fan out, then SEND_RECEIPT.
@@ -210,6 +260,7 @@ pub(crate) async fn on_send(
         return;
     };
     let topic = p.topic.clone();
+    let buckets = p.buckets.clone();
     if checksum == ChecksumState::Mismatch {
         conn.send(commands::send_error(
             c.producer_id,
@@ -235,6 +286,15 @@ pub(crate) async fn on_send(
         return;
     }
     let messages = u32::try_from(c.num_messages.unwrap_or(1).max(1)).unwrap_or(1);
+    // Publish-rate quotas: the connection pays after this SEND (its reads
+    // pause until the buckets refill).
+    let charges = conn.state.quota.on_publish(
+        &topic.name,
+        &buckets,
+        u64::from(messages),
+        u64::try_from(entry.len()).unwrap_or(u64::MAX),
+    );
+    conn.owed.extend(charges);
     conn.state.metrics.messages_in.inc_by(u64::from(messages));
     conn.state
         .metrics
@@ -423,6 +483,19 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             return;
         }
     };
+    let quota = match admit(conn, &topic, crate::quota_io::Kind::Consumer).await {
+        Ok(a) => a,
+        Err(e) => {
+            conn.state.topics.non_persistent().detach(&topic);
+            conn.send_error(c.request_id, e).await;
+            return;
+        }
+    };
+    let dispatch_buckets = conn
+        .state
+        .quota
+        .dispatch_buckets_for(&topic.name, &c.subscription)
+        .await;
     let name = c
         .consumer_name
         .clone()
@@ -464,6 +537,8 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
     tokio::spawn(
         forward(
             conn.state.clone(),
+            topic.name.clone(),
+            dispatch_buckets,
             c.consumer_id,
             deliveries,
             conn.out.clone(),
@@ -481,6 +556,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             id,
             name,
             sub_type,
+            _quota: quota,
         },
     );
 }
@@ -489,6 +565,8 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
 /// drops the sink (the consumer closed).
 async fn forward(
     state: Arc<crate::service::BrokerState>,
+    topic: TopicName,
+    dispatch_buckets: Vec<Arc<crate::quota_io::Bucket>>,
     consumer_id: u64,
     mut deliveries: mpsc::Receiver<NpDelivery>,
     out: Outbound,
@@ -497,10 +575,18 @@ async fn forward(
     while let Some(d) = deliveries.recv().await {
         let frame = match d {
             NpDelivery::Message { entry_id, entry } => {
-                state
-                    .metrics
-                    .messages_out
-                    .inc_by(u64::from(counter(&entry)));
+                let msgs = u64::from(counter(&entry));
+                // Dispatch-rate quotas: this consumer waits.
+                let mut owed = state.quota.on_dispatch(
+                    &topic,
+                    &dispatch_buckets,
+                    msgs,
+                    u64::try_from(entry.len()).unwrap_or(u64::MAX),
+                );
+                while let Some(w) = crate::quota_io::pay(&mut owed) {
+                    tokio::time::sleep(w.max(std::time::Duration::from_millis(1))).await;
+                }
+                state.metrics.messages_out.inc_by(msgs);
                 state
                     .metrics
                     .bytes_out

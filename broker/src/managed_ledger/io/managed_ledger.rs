@@ -1453,6 +1453,39 @@ impl ManagedLedger {
             .max_by_key(|(_, b, _)| *b)
     }
 
+    /// The oldest unacknowledged entry over the durable subscription
+    /// cursors (the de-duplication cursor left out): the cursor furthest
+    /// behind and the first entry after its mark-delete. None when every
+    /// cursor is caught up or there is none. Used by the `message_age`
+    /// backlog quota ([`crate::quota_io`]).
+    pub fn oldest_unacked(&self) -> Option<(String, Position)> {
+        let c = self.shared.core();
+        c.cursors
+            .iter()
+            .filter(|(n, x)| x.durable && n.as_str() != crate::dedup::DEDUP_CURSOR)
+            .filter_map(|(n, x)| {
+                c.list
+                    .next_valid_position(x.cursor.mark_delete())
+                    .map(|p| (n.clone(), p))
+            })
+            .min_by_key(|(_, p)| *p)
+    }
+
+    /// The publish time (ms) of the entry at `pos`, read with the function
+    /// of [`Self::set_publish_time_fn`]; None without one or when the entry
+    /// carries none.
+    pub async fn publish_time_of(&self, pos: Position) -> Result<Option<u64>, MlError> {
+        let f = lock(&self.shared.publish_time).clone();
+        let Some(f) = f else {
+            return Ok(None);
+        };
+        let entries = self.shared.read(pos, 1).await?;
+        Ok(entries
+            .into_iter()
+            .find(|e| e.position == pos)
+            .and_then(|e| f(&e.payload)))
+    }
+
     /// Whether cursor `name` is open (durable cursors are all opened with
     /// the managed ledger).
     pub fn has_cursor(&self, name: &str) -> bool {
