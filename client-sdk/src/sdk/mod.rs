@@ -8,6 +8,7 @@ pub(crate) mod connection;
 pub mod consumer;
 pub mod error;
 pub mod message;
+pub mod pattern;
 pub mod producer;
 pub mod routing;
 pub mod url;
