@@ -6,6 +6,8 @@ pub mod client;
 pub mod compression;
 pub(crate) mod connection;
 pub mod consumer;
+#[doc(hidden)]
+pub mod cost;
 pub mod error;
 pub mod message;
 pub mod pattern;
