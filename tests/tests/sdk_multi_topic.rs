@@ -354,3 +354,74 @@ async fn python_produces_on_two_topics_sdk_multi_topic_consumer_gets_both() {
     consumer.close().await.unwrap();
     c.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_topic_consumer_expands_partitioned_topics_and_routes_nacks_and_acks() {
+    let broker = BrokerNode::start_standalone(&[
+        "--allow-auto-topic-creation-type=partitioned",
+        "--default-num-partitions=3",
+    ])
+    .await;
+    let c = client(&broker.service_url());
+    let topics = [topic("pa"), topic("pb")];
+    let mut producers = Vec::new();
+    for t in &topics {
+        let p = c.producer(t).create().await.unwrap();
+        assert_eq!(p.partitions(), 3);
+        producers.push(p);
+    }
+    let subscribe = || {
+        c.consumer_topics(topics.clone(), "parts")
+            .sub_type(SubType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            .negative_ack_delay(Duration::from_millis(100))
+            .subscribe()
+    };
+    let mut consumer = subscribe().await.unwrap();
+    assert_eq!(consumer.topics().len(), 6, "{:?}", consumer.topics());
+    const PER: usize = 15;
+    for (t, p) in topics.iter().zip(&producers) {
+        for i in 0..PER {
+            p.send(format!("{t}|{i}")).await.unwrap();
+        }
+    }
+    let mut got: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut nacked = None;
+    while got.values().map(Vec::len).sum::<usize>() < 2 * PER {
+        let m = recv(&mut consumer).await;
+        let text = std::str::from_utf8(&m.payload).unwrap().to_owned();
+        let (t, i) = text.split_once('|').unwrap();
+        let suffix = m
+            .topic
+            .strip_prefix(&format!("{t}-partition-"))
+            .unwrap_or_else(|| panic!("{} is not a partition of {t}", m.topic));
+        assert_eq!(suffix.parse::<i32>().unwrap(), m.id.partition);
+        if nacked.is_none() {
+            // The first message goes back once through its own partition.
+            nacked = Some(text.clone());
+            consumer.negative_ack(&m.id);
+            continue;
+        }
+        if Some(&text) == nacked.as_ref() {
+            assert_eq!(m.redelivery_count, 1, "{text}");
+        }
+        got.entry(t.to_owned())
+            .or_default()
+            .push(i.parse().unwrap());
+        consumer.ack(&m.id).await.unwrap();
+    }
+    for t in &topics {
+        let mut v = got.remove(t).unwrap_or_default();
+        v.sort_unstable();
+        assert_eq!(v, (0..PER).collect::<Vec<_>>(), "{t}");
+    }
+    consumer.close().await.unwrap();
+    // Every ack reached its partition: nothing comes back.
+    let mut again = subscribe().await.unwrap();
+    assert_quiet(&mut again, Duration::from_millis(1500)).await;
+    again.close().await.unwrap();
+    for p in producers {
+        p.close().await.unwrap();
+    }
+    c.close().await;
+}
