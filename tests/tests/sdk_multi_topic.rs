@@ -425,3 +425,47 @@ async fn multi_topic_consumer_expands_partitioned_topics_and_routes_nacks_and_ac
     }
     c.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pattern_consumer_drops_a_deleted_topic_and_keeps_consuming_the_rest() {
+    // Without auto-creation a reconnecting consumer cannot re-create the
+    // deleted topic.
+    let broker = BrokerNode::start_standalone(&["--allow-auto-topic-creation=false"]).await;
+    let c = client(&broker.service_url());
+    let base = topic("del");
+    let (a, b) = (format!("{base}-a"), format!("{base}-b"));
+    for t in [&a, &b] {
+        let path = format!("/admin/v2/{}", t.replace("://", "/"));
+        broker.admin_ok(reqwest::Method::PUT, &path, None).await;
+    }
+    let mut consumer = c
+        .consumer_pattern(format!("{base}-.*"), "del-sub")
+        .initial_position(InitialPosition::Earliest)
+        .pattern_auto_discovery_period(Duration::from_millis(300))
+        .subscribe()
+        .await
+        .unwrap();
+    let mut t = consumer.topics();
+    t.sort();
+    assert_eq!(t, vec![a.clone(), b.clone()]);
+    let path = format!("/admin/v2/{}?force=true", b.replace("://", "/"));
+    broker.admin_ok(reqwest::Method::DELETE, &path, None).await;
+    // Receiving drives the rediscovery; bounded wait for `b` to go.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while consumer.topics() != vec![a.clone()] {
+        assert!(
+            Instant::now() < deadline,
+            "still subscribed to {:?}",
+            consumer.topics()
+        );
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), consumer.receive()).await {
+            panic!("unexpected message or error: {r:?}");
+        }
+    }
+    produce(&c, &a, ["a1".to_string()]).await;
+    let m = recv(&mut consumer).await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), (a.as_str(), &b"a1"[..]));
+    consumer.ack(&m.id).await.unwrap();
+    consumer.close().await.unwrap();
+    c.close().await;
+}
