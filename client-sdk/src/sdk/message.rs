@@ -376,6 +376,24 @@ pub(crate) fn unpack(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_route_is_not_part_of_an_ids_identity() {
+        use std::collections::HashSet;
+        let a = MessageId::from_data(&id(), 2, 5);
+        let mut b = a;
+        b.route = Route {
+            slot: 3,
+            consumer: 42,
+        };
+        assert_eq!(a, b);
+        assert_eq!(a.cmp(&b), std::cmp::Ordering::Equal);
+        let set: HashSet<MessageId> = [a, b].into_iter().collect();
+        assert_eq!(set.len(), 1);
+        let mut c = b;
+        c.batch_index = 3;
+        assert!(c > a, "the rest of the id still orders");
+    }
+
     fn id() -> MessageIdData {
         MessageIdData {
             ledger_id: 7,
