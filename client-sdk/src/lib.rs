@@ -54,6 +54,44 @@
 //!
 //! A [`Consumer`] is also a `futures::Stream` of `Result<Message>`.
 //!
+//! # Several topics, patterns, retry later
+//!
+//! ```no_run
+//! use cms_client::{Client, SubType};
+//! use std::time::Duration;
+//!
+//! # async fn run(client: Client) -> Result<(), cms_client::Error> {
+//! // One consumer over a list of topics; each message carries its topic.
+//! let mut all = client
+//!     .consumer_topics(["persistent://public/default/a", "persistent://public/default/b"], "audit")
+//!     .subscribe()
+//!     .await?;
+//! let msg = all.receive().await?;
+//! println!("{} from {}", msg.id, msg.topic);
+//! all.ack(&msg.id).await?; // goes to the topic it came from
+//!
+//! // Every topic of the namespace matching a regex, rediscovered every 10 s.
+//! let _orders = client
+//!     .consumer_pattern("persistent://public/default/orders-.*", "billing")
+//!     .pattern_auto_discovery_period(Duration::from_secs(10))
+//!     .subscribe()
+//!     .await?;
+//!
+//! // Retry later through `<topic>-<subscription>-RETRY`; after 3 retries
+//! // the message goes to `<topic>-<subscription>-DLQ`.
+//! let mut jobs = client
+//!     .consumer("persistent://public/default/jobs", "workers")
+//!     .sub_type(SubType::Shared) // delays need Shared or Key_Shared
+//!     .enable_retry(true)
+//!     .dead_letter(3, None)
+//!     .subscribe()
+//!     .await?;
+//! let job = jobs.receive().await?;
+//! jobs.reconsume_later(&job, Duration::from_secs(30)).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Features
 //! - `sdk` (default): the SDK and `cms-perf`. With `default-features = false`
 //!   the crate is only the wire codec [`proto`] (bytes, prost, crc32c,
@@ -84,6 +122,8 @@ pub use sdk::consumer::{BatchReceivePolicy, Consumer, ConsumerBuilder, Reader, R
 pub use sdk::error::{Error, Result};
 #[cfg(feature = "sdk")]
 pub use sdk::message::{Message, MessageId, ProducerMessage};
+#[cfg(feature = "sdk")]
+pub use sdk::pattern::PatternMode;
 #[cfg(feature = "sdk")]
 pub use sdk::producer::{Producer, ProducerBuilder, SendFuture};
 #[cfg(feature = "sdk")]

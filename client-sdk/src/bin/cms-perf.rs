@@ -9,6 +9,15 @@
 //! `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`, `p99_ms`, `p999_ms`, `max_ms`
 //! (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
 //! (publish to receive). A progress bar is drawn only on a terminal.
+//!
+//! Scale: `--topics N` uses topics `<topic>-0` .. `<topic>-(N-1)` (just
+//! `<topic>` when N is 1), `--producers P` spreads producers over them
+//! round robin (the messages and the rate are split among producers),
+//! `--consumers C` does the same for consumers (each consumer takes its
+//! topics with one multi-topic consumer; more consumers than topics need a
+//! non-exclusive `--sub-type`). Histograms are merged, so the JSON keys are
+//! the same as with one of each; `producers`, `consumers` and `topics` are
+//! added.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -103,6 +112,33 @@ struct Common {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Producers (spread over the topics).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    producers: u32,
+    /// Consumers (spread over the topics).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    consumers: u32,
+    /// Topics: `<topic>-0` .. `<topic>-(N-1)` when more than 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    topics: u32,
+}
+
+impl Common {
+    fn topic_names(&self) -> Vec<String> {
+        if self.topics <= 1 {
+            vec![self.topic.clone()]
+        } else {
+            (0..self.topics)
+                .map(|i| format!("{}-{i}", self.topic))
+                .collect()
+        }
+    }
+}
+
+/// `total` split into `parts` shares differing by at most one.
+fn share(total: u64, parts: u32, i: u32) -> u64 {
+    let (q, r) = (total / u64::from(parts), total % u64::from(parts));
+    q + u64::from(u64::from(i) < r)
 }
 
 fn histogram() -> Histogram<u64> {
@@ -166,14 +202,49 @@ fn sub_type(s: Sub) -> SubType {
     }
 }
 
-/// Publishes; returns (publish histogram, errors, elapsed).
+/// Publishes with every producer; returns (merged publish histogram,
+/// errors, elapsed until the last receipt).
 async fn produce(
     client: &Client,
     a: &Common,
     stamp: bool,
 ) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
+    let topics = a.topic_names();
+    let pb = progress(a.messages, "produce");
+    let mut tasks = Vec::new();
+    for p in 0..a.producers {
+        let topic = topics[p as usize % topics.len()].clone();
+        let n = share(a.messages, a.producers, p);
+        let rate = a.rate / f64::from(a.producers);
+        let (client, a, pb) = (client.clone(), a.clone(), pb.clone());
+        tasks.push(tokio::spawn(async move {
+            produce_one(&client, &a, topic, n, rate, stamp, pb).await
+        }));
+    }
+    let mut h = histogram();
+    let (mut errors, mut elapsed) = (0u64, Duration::ZERO);
+    for t in tasks {
+        let (h1, e1, el1) = t.await??;
+        h.add(&h1).context("merging histograms")?;
+        errors += e1;
+        elapsed = elapsed.max(el1);
+    }
+    pb.finish_and_clear();
+    Ok((h, errors, elapsed))
+}
+
+/// One producer: `n` messages to `topic` at `rate` (0 = max).
+async fn produce_one(
+    client: &Client,
+    a: &Common,
+    topic: String,
+    n: u64,
+    rate: f64,
+    stamp: bool,
+    pb: ProgressBar,
+) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
     let producer = client
-        .producer(&a.topic)
+        .producer(&topic)
         .batching(a.batching)
         .batching_max_delay(Duration::from_millis(a.batch_max_delay_ms))
         .compression(compression(a.compression))
@@ -184,7 +255,6 @@ async fn produce(
         .context("creating the producer")?;
     let (tx, mut rx) =
         tokio::sync::mpsc::channel::<(Instant, cms_client::SendFuture)>(a.max_pending.max(1) + 1);
-    let pb = progress(a.messages, "produce");
     let pb2 = pb.clone();
     let collector = tokio::spawn(async move {
         let mut h = histogram();
@@ -202,9 +272,9 @@ async fn produce(
     });
     let base = vec![b'x'; a.size];
     let start = Instant::now();
-    for i in 0..a.messages {
-        let intended = if a.rate > 0.0 {
-            let due = start + Duration::from_secs_f64(i as f64 / a.rate);
+    for i in 0..n {
+        let intended = if rate > 0.0 {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
             tokio::time::sleep_until(due.into()).await;
             due
         } else {
@@ -226,40 +296,100 @@ async fn produce(
     producer.flush().await?;
     let (h, errors) = collector.await?;
     let elapsed = start.elapsed();
-    pb.finish_and_clear();
     producer.close().await?;
     Ok((h, errors, elapsed))
 }
 
-/// Receives `n` messages; returns (end-to-end histogram from the payload
-/// stamp or the publish time, elapsed).
+/// Subscribes every consumer (topics spread round robin).
+async fn subscribe_all(client: &Client, a: &Common) -> anyhow::Result<Vec<cms_client::Consumer>> {
+    let topics = a.topic_names();
+    let c = a.consumers as usize;
+    if c > topics.len() && matches!(a.sub_type, Sub::Exclusive) {
+        bail!(
+            "--consumers {c} over {} topic(s) needs --sub-type shared, failover or key-shared",
+            topics.len()
+        );
+    }
+    let mut out = Vec::with_capacity(c);
+    for i in 0..c {
+        let mine: Vec<String> = if c >= topics.len() {
+            vec![topics[i % topics.len()].clone()]
+        } else {
+            topics.iter().skip(i).step_by(c).cloned().collect()
+        };
+        let consumer = client
+            .consumer_topics(mine, &a.subscription)
+            .sub_type(sub_type(a.sub_type))
+            .initial_position(InitialPosition::Earliest)
+            .receiver_queue_size(a.receiver_queue)
+            .subscribe()
+            .await
+            .context("subscribing")?;
+        out.push(consumer);
+    }
+    Ok(out)
+}
+
+/// Receives `n` messages over all consumers; returns (merged end-to-end
+/// histogram, elapsed from the first message, bytes).
 async fn consume(
-    mut consumer: cms_client::Consumer,
+    consumers: Vec<cms_client::Consumer>,
     n: u64,
     stamped: bool,
 ) -> anyhow::Result<(Histogram<u64>, Duration, u64)> {
-    let mut h = histogram();
     let pb = progress(n, "consume");
-    let mut start = None;
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let first = std::sync::Arc::new(std::sync::OnceLock::<Instant>::new());
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+    let done_tx = std::sync::Arc::new(done_tx);
+    let mut tasks = Vec::new();
+    for consumer in consumers {
+        let (count, first, pb) = (count.clone(), first.clone(), pb.clone());
+        let (done_tx, mut done_rx) = (done_tx.clone(), done_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut consumer = consumer;
+            let mut h = histogram();
+            let mut bytes = 0u64;
+            loop {
+                let m = tokio::select! {
+                    m = consumer.receive() => m.context("receive")?,
+                    _ = done_rx.wait_for(|d| *d) => break,
+                };
+                first.get_or_init(Instant::now);
+                let k = count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                if k >= n {
+                    break; // another consumer got the last one
+                }
+                bytes += m.payload.len() as u64;
+                let sent_us = if stamped && m.payload.len() >= 8 {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&m.payload[..8]);
+                    u64::from_be_bytes(b)
+                } else {
+                    m.publish_time * 1000
+                };
+                let _ = h.record(now_us().saturating_sub(sent_us).max(1));
+                consumer.ack(&m.id).await.context("ack")?;
+                pb.inc(1);
+                if k + 1 == n {
+                    let _ = done_tx.send(true);
+                    break;
+                }
+            }
+            let _ = consumer.close().await;
+            anyhow::Ok((h, bytes))
+        }));
+    }
+    let mut h = histogram();
     let mut bytes = 0u64;
-    for _ in 0..n {
-        let m = consumer.receive().await.context("receive")?;
-        start.get_or_insert_with(Instant::now);
-        bytes += m.payload.len() as u64;
-        let sent_us = if stamped && m.payload.len() >= 8 {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&m.payload[..8]);
-            u64::from_be_bytes(b)
-        } else {
-            m.publish_time * 1000
-        };
-        let _ = h.record(now_us().saturating_sub(sent_us).max(1));
-        consumer.ack(&m.id).await.context("ack")?;
-        pb.inc(1);
+    for t in tasks {
+        let (h1, b1) = t.await??;
+        h.add(&h1).context("merging histograms")?;
+        bytes += b1;
     }
     pb.finish_and_clear();
-    let _ = consumer.close().await;
-    Ok((h, start.map_or(Duration::ZERO, |s| s.elapsed()), bytes))
+    let elapsed = first.get().map_or(Duration::ZERO, |s| s.elapsed());
+    Ok((h, elapsed, bytes))
 }
 
 fn rates(out: &mut Map<String, Value>, msgs: u64, bytes: u64, elapsed: Duration) {
@@ -305,14 +435,9 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
         "compression".into(),
         json!(format!("{:?}", a.compression).to_lowercase()),
     );
-    let subscribe = || {
-        client
-            .consumer(&a.topic, &a.subscription)
-            .sub_type(sub_type(a.sub_type))
-            .initial_position(InitialPosition::Earliest)
-            .receiver_queue_size(a.receiver_queue)
-            .subscribe()
-    };
+    out.insert("producers".into(), json!(a.producers));
+    out.insert("consumers".into(), json!(a.consumers));
+    out.insert("topics".into(), json!(a.topics));
     match cli.mode {
         Mode::Produce(_) => {
             let (h, errors, elapsed) = produce(&client, a, false).await?;
@@ -322,8 +447,8 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
             latency_keys("", &h, &mut out);
         }
         Mode::Consume(_) => {
-            let consumer = subscribe().await.context("subscribing")?;
-            let (e2e, elapsed, bytes) = consume(consumer, a.messages, false).await?;
+            let consumers = subscribe_all(&client, a).await?;
+            let (e2e, elapsed, bytes) = consume(consumers, a.messages, false).await?;
             rates(&mut out, a.messages, bytes, elapsed);
             latency_keys("e2e_", &e2e, &mut out);
         }
@@ -333,9 +458,9 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
                     "--size must be at least 8 in end-to-end mode (the payload carries the send time)"
                 );
             }
-            let consumer = subscribe().await.context("subscribing")?;
+            let consumers = subscribe_all(&client, a).await?;
             let n = a.messages;
-            let receiver = tokio::spawn(consume(consumer, n, true));
+            let receiver = tokio::spawn(consume(consumers, n, true));
             let (h, errors, elapsed) = produce(&client, a, true).await?;
             if errors > 0 {
                 bail!("{errors} sends failed; the consumer would wait for them forever");

@@ -9,12 +9,12 @@ use super::pulsar::{
     BaseCommand, CommandAck, CommandAckResponse, CommandActiveConsumerChange, CommandCloseConsumer,
     CommandCloseProducer, CommandConnect, CommandConnected, CommandError, CommandFlow,
     CommandGetLastMessageId, CommandGetLastMessageIdResponse, CommandGetSchemaResponse,
-    CommandGetTopicsOfNamespaceResponse, CommandLookupTopic, CommandLookupTopicResponse,
-    CommandMessage, CommandPartitionedTopicMetadata, CommandPartitionedTopicMetadataResponse,
-    CommandPing, CommandPong, CommandProducer, CommandProducerSuccess,
-    CommandRedeliverUnacknowledgedMessages, CommandSeek, CommandSend, CommandSendError,
-    CommandSendReceipt, CommandSubscribe, CommandSuccess, CommandUnsubscribe, FeatureFlags,
-    MessageIdData, ServerError,
+    CommandGetTopicsOfNamespace, CommandGetTopicsOfNamespaceResponse, CommandLookupTopic,
+    CommandLookupTopicResponse, CommandMessage, CommandPartitionedTopicMetadata,
+    CommandPartitionedTopicMetadataResponse, CommandPing, CommandPong, CommandProducer,
+    CommandProducerSuccess, CommandRedeliverUnacknowledgedMessages, CommandSeek, CommandSend,
+    CommandSendError, CommandSendReceipt, CommandSubscribe, CommandSuccess, CommandUnsubscribe,
+    FeatureFlags, MessageIdData, ServerError,
     base_command::Type,
     command_ack::AckType,
     command_lookup_topic_response::LookupType,
@@ -566,5 +566,28 @@ pub fn get_last_message_id(consumer_id: u64, request_id: u64) -> BaseCommand {
             request_id,
         }),
         ..base(Type::GetLastMessageId)
+    }
+}
+
+/// GET_TOPICS_OF_NAMESPACE: the topics of `namespace` (`tenant/ns`) in
+/// `mode` (`CommandGetTopicsOfNamespace::Mode` as i32), optionally filtered
+/// by the broker with `pattern`; `hash` is the client's last topics hash (the
+/// broker leaves the list out when it is unchanged).
+pub fn get_topics_of_namespace(
+    request_id: u64,
+    namespace: &str,
+    mode: i32,
+    pattern: Option<&str>,
+    hash: Option<&str>,
+) -> BaseCommand {
+    BaseCommand {
+        get_topics_of_namespace: Some(CommandGetTopicsOfNamespace {
+            request_id,
+            namespace: namespace.to_owned(),
+            mode: Some(mode),
+            topics_pattern: pattern.map(str::to_owned),
+            topics_hash: hash.map(str::to_owned),
+        }),
+        ..base(Type::GetTopicsOfNamespace)
     }
 }

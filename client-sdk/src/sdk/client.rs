@@ -225,7 +225,7 @@ impl Client {
     }
 
     /// A connection to one of the service URL's hosts (rotating on failure).
-    async fn service_connection(&self) -> Result<Connection> {
+    pub(crate) async fn service_connection(&self) -> Result<Connection> {
         let hosts = &self.inner.url.hosts;
         let mut last = None;
         for _ in 0..hosts.len() {

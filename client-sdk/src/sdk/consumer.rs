@@ -1,4 +1,18 @@
-//! [`Consumer`]: receives messages of one topic through a subscription.
+//! [`Consumer`]: receives messages through a subscription: of one topic, of
+//! a partitioned topic (one inner subscription per partition), of a list of
+//! topics ([`Client::consumer_topics`]) or of every topic of a namespace
+//! matching a pattern ([`Client::consumer_pattern`], rediscovered
+//! periodically). Each received [`Message`] carries its topic, and its id
+//! remembers which inner subscription delivered it, so ack, negative ack and
+//! `reconsume_later` go to the right one.
+//!
+//! Retry-letter topic (Pulsar's `enableRetry` / `reconsumeLater`):
+//! [`Consumer::reconsume_later`] republishes a message to the retry topic
+//! (default `<topic>-<subscription>-RETRY`) with `deliver_after`, the
+//! properties `RECONSUMETIMES`, `DELAY_TIME`, `REAL_TOPIC` and
+//! `ORIGIN_MESSAGE_ID`, and acknowledges the original; the consumer also
+//! subscribes to the retry topic. A message reconsumed more than the
+//! dead-letter policy's maximum (default 16) goes to the DLQ instead.
 //!
 //! Flow control: the consumer grants `receiver_queue_size` permits on
 //! (re)subscribe and grants more as the application takes messages (half a
@@ -23,7 +37,8 @@ use super::backoff::Backoff;
 use super::client::Client;
 use super::connection::{Connection, ConsumerSink};
 use super::error::{Error, Result};
-use super::message::{Message, MessageId, ProducerMessage, unpack};
+use super::message::{Message, MessageId, ProducerMessage, Route, unpack};
+use super::pattern::{Pattern, PatternMode, partition_of};
 use super::producer::Producer;
 use crate::proto::commands;
 use crate::proto::frame::{Frame, PayloadFrame, parse_entry};
@@ -43,7 +58,33 @@ struct Options {
     dead_letter: Option<(u32, Option<String>)>,
     /// Readers: a non-durable cursor starting at `start`.
     reader: bool,
+    /// Retry-letter topic: `Some(None)` = on, with the default name.
+    retry: Option<Option<String>>,
+    /// Pattern consumers: topics mode and rediscovery period.
+    pattern_mode: PatternMode,
+    pattern_period: Duration,
+    /// Most topics (partitions count one each) a consumer subscribes to.
+    max_topics: usize,
 }
+
+/// Property names of Pulsar's retry-letter and dead-letter messages.
+pub mod retry_props {
+    /// How many times the message was reconsumed (1 on the first retry).
+    pub const RECONSUMETIMES: &str = "RECONSUMETIMES";
+    /// The delay asked for, in milliseconds.
+    pub const DELAY_TIME: &str = "DELAY_TIME";
+    /// The topic the message was first consumed from.
+    pub const REAL_TOPIC: &str = "REAL_TOPIC";
+    /// The message's id on that topic.
+    pub const ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+}
+
+/// Pulsar's default for the most reconsumes before the DLQ when retry is
+/// on and no dead-letter policy is set.
+pub const RECONSUME_TIMES_MAX_DEFAULT: u32 = 16;
+
+/// Default of [`ConsumerBuilder::max_topics`].
+pub const MAX_TOPICS_DEFAULT: usize = 10_000;
 
 /// Limits of [`Consumer::batch_receive`] (Pulsar's `BatchReceivePolicy`):
 /// a batch ends at `max_messages` messages, at `max_bytes` bytes of payload
@@ -74,8 +115,41 @@ impl Default for BatchReceivePolicy {
 pub struct ConsumerBuilder {
     client: Client,
     topic: String,
+    /// More topics (multi-topic consumer).
+    topics: Vec<String>,
+    pattern: Option<String>,
     subscription: String,
     opts: Options,
+}
+
+impl Client {
+    /// Starts building one consumer over several topics (Pulsar's
+    /// `topics(...)`); a partitioned topic among them counts as its partitions.
+    pub fn consumer_topics<I, S>(
+        &self,
+        topics: I,
+        subscription: impl Into<String>,
+    ) -> ConsumerBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ConsumerBuilder::new(self.clone(), String::new(), subscription.into()).topics(topics)
+    }
+
+    /// Starts building a consumer over every topic of a namespace matching
+    /// `pattern` (`persistent://tenant/ns/<regex>`, Pulsar's
+    /// `topicsPattern`); topics created or deleted later are picked up or
+    /// dropped at each rediscovery (see
+    /// [`ConsumerBuilder::pattern_auto_discovery_period`]).
+    pub fn consumer_pattern(
+        &self,
+        pattern: impl Into<String>,
+        subscription: impl Into<String>,
+    ) -> ConsumerBuilder {
+        ConsumerBuilder::new(self.clone(), String::new(), subscription.into())
+            .topics_pattern(pattern)
+    }
 }
 
 impl ConsumerBuilder {
@@ -83,6 +157,8 @@ impl ConsumerBuilder {
         ConsumerBuilder {
             client,
             topic,
+            topics: Vec::new(),
+            pattern: None,
             subscription,
             opts: Options {
                 sub_type: SubType::Exclusive,
@@ -93,6 +169,10 @@ impl ConsumerBuilder {
                 ack_timeout: None,
                 dead_letter: None,
                 reader: false,
+                retry: None,
+                pattern_mode: PatternMode::Persistent,
+                pattern_period: Duration::from_secs(60),
+                max_topics: MAX_TOPICS_DEFAULT,
             },
         }
     }
@@ -139,6 +219,60 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Adds topics: one consumer receives from all of them (Pulsar's
+    /// `topics(...)`). Partitioned topics count as their partitions.
+    pub fn topics<I, S>(mut self, topics: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.topics.extend(topics.into_iter().map(Into::into));
+        self
+    }
+
+    /// Also subscribes to every topic of the pattern's namespace matching
+    /// `pattern` (`[persistent://]tenant/namespace/<regex>`, full match).
+    pub fn topics_pattern(mut self, pattern: impl Into<String>) -> Self {
+        self.pattern = Some(pattern.into());
+        self
+    }
+
+    /// Which topics a pattern considers (default persistent only).
+    pub fn pattern_mode(mut self, m: PatternMode) -> Self {
+        self.opts.pattern_mode = m;
+        self
+    }
+
+    /// How often a pattern consumer lists its namespace again (default 60 s
+    /// as Pulsar, at least 100 ms).
+    pub fn pattern_auto_discovery_period(mut self, d: Duration) -> Self {
+        self.opts.pattern_period = d.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Most topics (each partition counts) the consumer subscribes to
+    /// (default [`MAX_TOPICS_DEFAULT`]). More at subscribe time is an error;
+    /// more found by a pattern's rediscovery are left out (logged).
+    pub fn max_topics(mut self, n: usize) -> Self {
+        self.opts.max_topics = n.max(1);
+        self
+    }
+
+    /// Enables the retry-letter topic with the default name
+    /// `<topic>-<subscription>-RETRY` (Pulsar's `enableRetry`): see
+    /// [`Consumer::reconsume_later`]. Delays need a Shared or Key_Shared
+    /// subscription (the broker ignores them otherwise, as Pulsar).
+    pub fn enable_retry(mut self, on: bool) -> Self {
+        self.opts.retry = on.then_some(None);
+        self
+    }
+
+    /// Enables the retry-letter topic under this name.
+    pub fn retry_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.opts.retry = Some(Some(topic.into()));
+        self
+    }
+
     /// Subscribes.
     pub async fn subscribe(self) -> Result<Consumer> {
         self.subscribe_at(None).await
@@ -148,55 +282,124 @@ impl ConsumerBuilder {
         let ConsumerBuilder {
             client,
             topic,
+            topics,
+            pattern,
             subscription,
-            opts,
+            mut opts,
         } = self;
+        let mut list: Vec<String> = Vec::new();
+        for t in std::iter::once(topic).chain(topics) {
+            if !t.is_empty() && !list.contains(&t) {
+                list.push(t);
+            }
+        }
+        let mut discovery = None;
+        if let Some(p) = pattern {
+            let p = Pattern::parse(&p, opts.pattern_mode)?;
+            let (found, hash) = Box::pin(p.list(&client, None)).await?;
+            let found = found.unwrap_or_default();
+            let first_named = list.len();
+            for t in found {
+                if !list.contains(&t) {
+                    list.push(t);
+                }
+            }
+            discovery = Some(Discovery {
+                pattern: Arc::new(p),
+                hash,
+                period: opts.pattern_period,
+                pending: Mutex::new(None),
+                first_discovered: first_named,
+            });
+        }
+        // Retry and dead-letter topics are named after the first named topic
+        // (Pulsar's topicFirst); a pattern alone names them in its namespace.
+        let named = discovery
+            .as_ref()
+            .map_or(list.len(), |d| d.first_discovered);
+        let first = match (list.first(), &discovery) {
+            (Some(t), _) if named > 0 => format!("{t}-{subscription}"),
+            (_, Some(d)) => format!("persistent://{}/{subscription}", d.pattern.namespace),
+            _ => {
+                return Err(Error::Unsupported(
+                    "a consumer needs a topic, a list of topics or a pattern".into(),
+                ));
+            }
+        };
+        let retry_topic = opts
+            .retry
+            .clone()
+            .map(|t| t.unwrap_or_else(|| format!("{first}-RETRY")));
+        if retry_topic.is_some() && opts.dead_letter.is_none() {
+            opts.dead_letter = Some((RECONSUME_TIMES_MAX_DEFAULT, None));
+        }
         let dlq = match &opts.dead_letter {
             Some((max, t)) => {
-                let t = t
-                    .clone()
-                    .unwrap_or_else(|| format!("{topic}-{subscription}-DLQ"));
+                let t = t.clone().unwrap_or_else(|| format!("{first}-DLQ"));
                 // Boxed: keeps the subscribe future small.
                 Some((*max, Box::pin(client.producer(t).create()).await?))
             }
             None => None,
         };
-        let n = client.partitions(&topic).await?;
-        if n > 0 && opts.reader {
-            return Err(Error::Unsupported(format!(
-                "readers of partitioned topics ({topic} has {n} partitions)"
-            )));
-        }
-        let names: Vec<(String, i32)> = if n == 0 {
-            vec![(topic.clone(), -1)]
-        } else {
-            (0..n)
-                .map(|i| (format!("{topic}-partition-{i}"), i as i32))
-                .collect()
+        let retry = match &retry_topic {
+            Some(t) => {
+                if !list.contains(t) {
+                    list.push(t.clone());
+                }
+                Some(Box::pin(client.producer(t.clone()).create()).await?)
+            }
+            None => None,
         };
+        // Partitioned topics become their partitions.
+        let mut names: Vec<(String, i32, bool)> = Vec::new();
+        let discovered_from = discovery
+            .as_ref()
+            .map_or(usize::MAX, |d| d.first_discovered);
+        for (k, t) in list.iter().enumerate() {
+            let discovered = k >= discovered_from && Some(t) != retry_topic.as_ref();
+            let n = if discovered {
+                0
+            } else {
+                client.partitions(t).await?
+            };
+            if n > 0 && opts.reader {
+                return Err(Error::Unsupported(format!(
+                    "readers of partitioned topics ({t} has {n} partitions)"
+                )));
+            }
+            if n == 0 {
+                names.push((t.clone(), partition_of(t), discovered));
+            } else {
+                names.extend((0..n).map(|i| (format!("{t}-partition-{i}"), i as i32, false)));
+            }
+            if names.len() > opts.max_topics {
+                return Err(Error::Unsupported(format!(
+                    "more than {} topics (max_topics)",
+                    opts.max_topics
+                )));
+            }
+        }
+        if opts.reader && names.len() != 1 {
+            return Err(Error::Unsupported(
+                "a reader reads exactly one topic".into(),
+            ));
+        }
         let parts_n = names.len();
-        let (tx, rx) = mpsc::channel((opts.receiver_queue as usize + 64) * parts_n);
+        let slots = if discovery.is_some() {
+            opts.max_topics
+        } else {
+            parts_n.max(1)
+        };
+        let (tx, rx) = mpsc::channel((opts.receiver_queue as usize + 64).saturating_mul(slots));
+        let proto = PartProto {
+            client: client.clone(),
+            subscription: subscription.clone(),
+            opts: opts.clone(),
+            tx,
+        };
         let mut parts: Vec<Arc<Shared>> = Vec::with_capacity(parts_n);
-        for (index, (part_topic, partition)) in names.into_iter().enumerate() {
-            let shared = Arc::new(Shared {
-                id: client.next_id(),
-                client: client.clone(),
-                topic: part_topic,
-                index,
-                partition,
-                subscription: subscription.clone(),
-                opts: opts.clone(),
-                closed: AtomicBool::new(false),
-                reconnecting: AtomicBool::new(false),
-                conn: Mutex::new(None),
-                epoch: AtomicU64::new(0),
-                generations: AtomicU64::new(0),
-                tx: tx.clone(),
-                batches: Mutex::new(HashMap::new()),
-                start: Mutex::new(start),
-                last_delivered: Mutex::new(None),
-                unacked: Mutex::new(HashMap::new()),
-            });
+        for (index, (part_topic, partition, discovered)) in names.into_iter().enumerate() {
+            let shared = proto.part(part_topic, index, partition, discovered, start);
             if let Err(e) = Box::pin(shared.clone().subscribe_once()).await {
                 for p in &parts {
                     let _ = close_part(p).await;
@@ -209,34 +412,101 @@ impl ConsumerBuilder {
             parts.push(shared);
         }
         Ok(Consumer {
-            topic,
+            topic: list.first().cloned().unwrap_or_default(),
             dlq,
+            retry,
             rx,
             local: VecDeque::new(),
             delivered: vec![0; parts_n],
             flow_epoch: vec![0; parts_n],
             parts,
+            proto,
+            discovery,
+            closed: AtomicBool::new(false),
         })
     }
+}
+
+/// What every inner subscription of a consumer shares (to create new ones
+/// when a pattern finds a topic).
+struct PartProto {
+    client: Client,
+    subscription: String,
+    opts: Options,
+    tx: mpsc::Sender<(usize, u64, PayloadFrame)>,
+}
+
+impl PartProto {
+    fn part(
+        &self,
+        topic: String,
+        index: usize,
+        partition: i32,
+        discovered: bool,
+        start: Option<MessageId>,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            id: self.client.next_id(),
+            client: self.client.clone(),
+            topic,
+            index,
+            partition,
+            discovered,
+            retired: AtomicBool::new(false),
+            subscription: self.subscription.clone(),
+            opts: self.opts.clone(),
+            closed: AtomicBool::new(false),
+            reconnecting: AtomicBool::new(false),
+            conn: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            generations: AtomicU64::new(0),
+            tx: self.tx.clone(),
+            batches: Mutex::new(HashMap::new()),
+            start: Mutex::new(start),
+            last_delivered: Mutex::new(None),
+            unacked: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+type Listing = Result<(Option<Vec<String>>, Option<String>)>;
+
+/// A pattern consumer's rediscovery state.
+struct Discovery {
+    pattern: Arc<Pattern>,
+    /// The broker's topics hash of the last list.
+    hash: Option<String>,
+    period: Duration,
+    /// The running "sleep a period, then list" future (in a mutex only so
+    /// that the consumer stays `Sync`; it is used through `&mut`).
+    pending: Mutex<Option<BoxFuture<'static, Listing>>>,
+    /// Index of the first discovered topic in the initial list.
+    first_discovered: usize,
 }
 
 struct Shared {
     client: Client,
     /// The topic this part subscribes to (a partition of a partitioned topic).
     topic: String,
-    /// Index among the consumer's parts.
+    /// Index among the consumer's parts (its slot).
     index: usize,
     /// Partition number, -1 for a non-partitioned topic.
     partition: i32,
+    /// Found by a pattern (dropped when the topic no longer matches).
+    discovered: bool,
+    /// Dropped by a pattern's rediscovery; its slot may be reused.
+    retired: AtomicBool,
     subscription: String,
     id: u64,
     opts: Options,
     closed: AtomicBool,
     reconnecting: AtomicBool,
     conn: Mutex<Option<Connection>>,
-    /// Generation of the current subscription (one per successful
-    /// subscribe); messages of older generations are dropped.
+    /// Generation of the current subscription (a client-unique number per
+    /// subscribe, so a reused slot never matches an old one's messages);
+    /// messages of older generations are dropped.
     epoch: AtomicU64,
+    /// Subscribes so far.
     generations: AtomicU64,
     tx: mpsc::Sender<(usize, u64, PayloadFrame)>,
     /// Batch entries with messages not yet acknowledged: remaining count.
@@ -307,8 +577,14 @@ pub struct Consumer {
     topic: String,
     /// Dead-letter policy: max redeliveries and the DLQ producer.
     dlq: Option<(u32, Producer)>,
-    /// One subscription per partition (one for a non-partitioned topic).
+    /// Retry-letter topic producer.
+    retry: Option<Producer>,
+    /// One subscription per topic or partition (slots of retired pattern
+    /// topics are reused).
     parts: Vec<Arc<Shared>>,
+    proto: PartProto,
+    discovery: Option<Discovery>,
+    closed: AtomicBool,
     /// Messages of every part: (part index, generation, entry).
     rx: mpsc::Receiver<(usize, u64, PayloadFrame)>,
     local: VecDeque<(usize, u64, Message)>,
@@ -320,15 +596,25 @@ impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
             .field("topic", &self.topic)
-            .field("subscription", &self.parts[0].subscription)
+            .field("subscription", &self.proto.subscription)
             .finish()
     }
 }
 
 impl Consumer {
-    /// The topic.
+    /// The topic (the first one of a multi-topic consumer; empty for a
+    /// pattern consumer that started with no topics).
     pub fn topic(&self) -> &str {
         &self.topic
+    }
+
+    /// Every topic (or partition) the consumer is subscribed to now.
+    pub fn topics(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .filter(|p| !p.retired.load(Ordering::Acquire))
+            .map(|p| p.topic.clone())
+            .collect()
     }
 
     /// How many times this consumer subscribed, over all its partitions
@@ -343,10 +629,23 @@ impl Consumer {
             .sum()
     }
 
-    /// The part that holds message `id`.
-    fn part(&self, id: &MessageId) -> &Arc<Shared> {
+    /// The part that delivered message `id`: by its route; an id without
+    /// one (built by hand) by its partition. `None` if that part is gone
+    /// (a pattern dropped its topic).
+    fn part(&self, id: &MessageId) -> Option<&Arc<Shared>> {
+        let r = id.route;
+        if r.consumer != 0 {
+            return self
+                .parts
+                .get(r.slot as usize)
+                .filter(|p| p.id == r.consumer && !p.retired.load(Ordering::Acquire));
+        }
         let i = usize::try_from(id.partition).unwrap_or(0);
-        self.parts.get(i).unwrap_or(&self.parts[0])
+        self.parts.get(i).or(self.parts.first())
+    }
+
+    fn part_or_closed(&self, id: &MessageId) -> Result<&Arc<Shared>> {
+        self.part(id).ok_or(Error::Closed)
     }
 
     /// Waits for the next message.
@@ -383,8 +682,14 @@ impl Consumer {
 
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message>> {
         loop {
-            if self.parts.iter().any(|p| p.closed.load(Ordering::Acquire)) {
+            if self.closed.load(Ordering::Acquire)
+                || (self.discovery.is_none()
+                    && self.parts.iter().any(|p| p.closed.load(Ordering::Acquire)))
+            {
                 return Poll::Ready(Err(Error::Closed));
+            }
+            if self.poll_discovery(cx) {
+                continue;
             }
             if let Some((i, e, m)) = self.local.pop_front() {
                 let epoch = self.parts[i].epoch.load(Ordering::Acquire);
@@ -414,6 +719,11 @@ impl Consumer {
                     }
                 }
                 self.after_deliver(i, epoch);
+                let mut m = m;
+                m.id.route = Route {
+                    slot: i as u32,
+                    consumer: self.parts[i].id,
+                };
                 return Poll::Ready(Ok(m));
             }
             match self.rx.poll_recv(cx) {
@@ -502,16 +812,162 @@ impl Consumer {
         Self::conn_of(&self.parts[0])
     }
 
+    /// Polls the pattern rediscovery (if any); true when the topic set
+    /// changed (the caller loops again).
+    fn poll_discovery(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(d) = self.discovery.as_mut() else {
+            return false;
+        };
+        let pending = d
+            .pending
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fut = pending.get_or_insert_with(|| {
+            let (client, pattern, hash, period) = (
+                self.proto.client.clone(),
+                d.pattern.clone(),
+                d.hash.clone(),
+                d.period,
+            );
+            async move {
+                tokio::time::sleep(period).await;
+                pattern.list(&client, hash.as_deref()).await
+            }
+            .boxed()
+        });
+        let Poll::Ready(r) = fut.as_mut().poll(cx) else {
+            return false;
+        };
+        *pending = None;
+        match r {
+            Ok((list, hash)) => {
+                d.hash = hash;
+                if let Some(list) = list {
+                    self.apply_topics(list);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(pattern = %d.pattern.text, error = %e, "topic rediscovery failed");
+            }
+        }
+        true
+    }
+
+    /// A pattern's new topic list: subscribes to new topics (in the
+    /// background, with retries) and drops topics no longer listed.
+    fn apply_topics(&mut self, list: Vec<String>) {
+        let wanted: std::collections::BTreeSet<&str> = list.iter().map(String::as_str).collect();
+        for i in 0..self.parts.len() {
+            let p = &self.parts[i];
+            if p.discovered
+                && !p.retired.load(Ordering::Acquire)
+                && !wanted.contains(p.topic.as_str())
+            {
+                tracing::info!(topic = %p.topic, "pattern consumer: topic gone, unsubscribing");
+                p.retired.store(true, Ordering::Release);
+                self.local.retain(|(j, _, _)| *j != i);
+                let p = p.clone();
+                tokio::spawn(async move {
+                    let _ = close_part(&p).await;
+                });
+            }
+        }
+        let active: std::collections::BTreeSet<String> = self
+            .parts
+            .iter()
+            .filter(|p| !p.retired.load(Ordering::Acquire))
+            .map(|p| p.topic.clone())
+            .collect();
+        let mut count = active.len();
+        for t in list {
+            if active.contains(&t) {
+                continue;
+            }
+            if count >= self.proto.opts.max_topics {
+                tracing::warn!(topic = %t, max = self.proto.opts.max_topics, "pattern consumer: max_topics reached, topic left out");
+                continue;
+            }
+            count += 1;
+            let slot = self
+                .parts
+                .iter()
+                .position(|p| p.retired.load(Ordering::Acquire))
+                .unwrap_or(self.parts.len());
+            let partition = partition_of(&t);
+            tracing::info!(topic = %t, "pattern consumer: new topic, subscribing");
+            let part = self.proto.part(t, slot, partition, true, None);
+            if slot == self.parts.len() {
+                self.parts.push(part.clone());
+                self.delivered.push(0);
+                self.flow_epoch.push(0);
+            } else {
+                self.parts[slot] = part.clone();
+                self.delivered[slot] = 0;
+                self.flow_epoch[slot] = 0;
+            }
+            if let Some(timeout) = part.opts.ack_timeout {
+                tokio::spawn(ack_timer(Arc::downgrade(&part), timeout));
+            }
+            tokio::spawn(part.reconnect(false));
+        }
+    }
+
     /// Acknowledges one message. A message of a batch acknowledges its entry
     /// once every message of the batch is acknowledged.
     pub async fn ack(&self, id: &MessageId) -> Result<()> {
-        ack_part(self.part(id), id).await
+        ack_part(self.part_or_closed(id)?, id).await
+    }
+
+    /// Retry later (Pulsar's `reconsumeLater`): publishes `msg` to the
+    /// retry-letter topic to be delivered again after `delay` (to this
+    /// subscription, which also reads the retry topic), then acknowledges
+    /// it. The copy carries `RECONSUMETIMES` (1, 2, ...), `DELAY_TIME` (ms)
+    /// and, from the first retry on, `REAL_TOPIC` and `ORIGIN_MESSAGE_ID`.
+    /// When `RECONSUMETIMES` would exceed the dead-letter policy's maximum,
+    /// the message goes to the dead-letter topic instead. Needs
+    /// [`ConsumerBuilder::enable_retry`] or `retry_letter_topic`.
+    pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<()> {
+        let Some(retry) = &self.retry else {
+            return Err(Error::Unsupported(
+                "reconsume_later needs enable_retry or retry_letter_topic".into(),
+            ));
+        };
+        let times = msg
+            .properties
+            .get(retry_props::RECONSUMETIMES)
+            .and_then(|v| v.parse::<u32>().ok())
+            .map_or(1, |n| n.saturating_add(1));
+        let mut out = ProducerMessage::new(msg.payload.clone());
+        out.key = msg.key.clone();
+        out.event_time = msg.event_time;
+        out.properties = msg.properties.clone();
+        if !out.properties.contains_key(retry_props::REAL_TOPIC) {
+            out.properties
+                .insert(retry_props::REAL_TOPIC.into(), msg.topic.clone());
+            out.properties
+                .insert(retry_props::ORIGIN_MESSAGE_ID.into(), msg.id.to_string());
+        }
+        out.properties
+            .insert(retry_props::RECONSUMETIMES.into(), times.to_string());
+        out.properties.insert(
+            retry_props::DELAY_TIME.into(),
+            delay.as_millis().to_string(),
+        );
+        match &self.dlq {
+            Some((max, dlq)) if times > *max => {
+                dlq.send(out).await?;
+            }
+            _ => {
+                retry.send(out.deliver_after(delay)).await?;
+            }
+        }
+        self.ack(&msg.id).await
     }
 
     /// Acknowledges every message up to and including `id` (of its
     /// partition, on a partitioned topic).
     pub async fn ack_cumulative(&self, id: &MessageId) -> Result<()> {
-        let part = self.part(id);
+        let part = self.part_or_closed(id)?;
         let mut target = *id;
         if id.batch_size > 0 && id.batch_index < id.batch_size - 1 {
             // Part of a batch: only the entries before it are complete.
@@ -533,7 +989,7 @@ impl Consumer {
 
     /// Asks for redelivery of `id` (its whole entry) after the negative-ack delay.
     pub fn negative_ack(&self, id: &MessageId) {
-        let part = self.part(id);
+        let Some(part) = self.part(id) else { return };
         let shared = Arc::downgrade(part);
         let data = id.to_data();
         let delay = part.opts.nack_delay;
@@ -556,7 +1012,11 @@ impl Consumer {
 
     /// Removes the subscription (from every partition).
     pub async fn unsubscribe(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
         for part in &self.parts {
+            if part.retired.load(Ordering::Acquire) {
+                continue;
+            }
             let c = Self::conn_of(part)?;
             let rid = part.client.next_id();
             c.request(rid, commands::unsubscribe(part.id, rid)).await?;
@@ -569,10 +1029,17 @@ impl Consumer {
     /// Closes the consumer (the subscription stays).
     pub async fn close(&self) -> Result<()> {
         let mut result = Ok(());
+        self.closed.store(true, Ordering::Release);
         if let Some((_, p)) = &self.dlq {
             let _ = p.close().await;
         }
+        if let Some(p) = &self.retry {
+            let _ = p.close().await;
+        }
         for part in &self.parts {
+            if part.retired.load(Ordering::Acquire) {
+                continue;
+            }
             if let Err(e) = close_part(part).await {
                 result = Err(e);
             }
@@ -847,7 +1314,8 @@ impl Shared {
         }
         // Registered first: the sink ignores nothing, and no message flows
         // before FLOW anyway.
-        let generation = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
+        self.generations.fetch_add(1, Ordering::AcqRel);
+        let generation = self.client.next_id();
         conn.register_consumer(self.id, Arc::new(Sink(Arc::downgrade(&self), generation)));
         if let Err(e) = conn.request(rid, cmd).await {
             conn.unregister_consumer(self.id);
@@ -868,14 +1336,20 @@ impl Shared {
         Ok(())
     }
 
-    async fn reconnect(self: Arc<Self>) {
+    /// Subscribes again (`wait`: after a first backoff delay) until it
+    /// works, the error is permanent, or the part is closed.
+    async fn reconnect(self: Arc<Self>, wait: bool) {
         if self.reconnecting.swap(true, Ordering::AcqRel) {
             return;
         }
         let o = self.client.opts();
         let mut backoff = Backoff::new(o.backoff_initial, o.backoff_max);
+        let mut first = true;
         while !self.closed.load(Ordering::Acquire) {
-            tokio::time::sleep(backoff.next_jittered()).await;
+            if wait || !first {
+                tokio::time::sleep(backoff.next_jittered()).await;
+            }
+            first = false;
             match self.clone().subscribe_once().await {
                 Ok(()) => break,
                 Err(e) if e.is_retriable() => {
@@ -915,6 +1389,6 @@ impl ConsumerSink for Sink {
         }
         *lock(&s.conn) = None;
         tracing::info!(topic = %s.topic, "consumer disconnected, re-subscribing");
-        tokio::spawn(s.reconnect());
+        tokio::spawn(s.reconnect(true));
     }
 }

@@ -28,6 +28,46 @@ pub struct MessageId {
     pub batch_index: i32,
     /// Messages in the batch (0 if not a batch).
     pub batch_size: i32,
+    /// Which inner subscription of a consumer delivered it (multi-topic,
+    /// partitioned and pattern consumers route acks by it). Not part of the
+    /// id's identity: ignored by `==`, hashing and ordering.
+    pub(crate) route: Route,
+}
+
+/// A consumer's inner subscription: its slot and its consumer id (the id
+/// tells a reused slot's new subscription from the old one). `consumer == 0`:
+/// unknown (an id from a producer receipt or a constant).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Route {
+    pub(crate) slot: u32,
+    pub(crate) consumer: u64,
+}
+
+impl Route {
+    pub(crate) const NONE: Route = Route {
+        slot: 0,
+        consumer: 0,
+    };
+}
+
+impl PartialEq for Route {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Route {}
+impl std::hash::Hash for Route {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+impl PartialOrd for Route {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Route {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
 }
 
 impl MessageId {
@@ -38,6 +78,7 @@ impl MessageId {
         partition: -1,
         batch_index: -1,
         batch_size: 0,
+        route: Route::NONE,
     };
 
     /// The position after the last message of a topic.
@@ -47,6 +88,7 @@ impl MessageId {
         partition: -1,
         batch_index: -1,
         batch_size: 0,
+        route: Route::NONE,
     };
 
     pub(crate) fn from_data(d: &MessageIdData, batch_index: i32, batch_size: i32) -> Self {
@@ -56,6 +98,7 @@ impl MessageId {
             partition: d.partition.unwrap_or(-1),
             batch_index,
             batch_size,
+            route: Route::NONE,
         }
     }
 
@@ -332,6 +375,24 @@ pub(crate) fn unpack(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_route_is_not_part_of_an_ids_identity() {
+        use std::collections::HashSet;
+        let a = MessageId::from_data(&id(), 2, 5);
+        let mut b = a;
+        b.route = Route {
+            slot: 3,
+            consumer: 42,
+        };
+        assert_eq!(a, b);
+        assert_eq!(a.cmp(&b), std::cmp::Ordering::Equal);
+        let set: HashSet<MessageId> = [a, b].into_iter().collect();
+        assert_eq!(set.len(), 1);
+        let mut c = b;
+        c.batch_index = 3;
+        assert!(c > a, "the rest of the id still orders");
+    }
 
     fn id() -> MessageIdData {
         MessageIdData {

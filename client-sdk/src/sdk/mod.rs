@@ -6,8 +6,11 @@ pub mod client;
 pub mod compression;
 pub(crate) mod connection;
 pub mod consumer;
+#[doc(hidden)]
+pub mod cost;
 pub mod error;
 pub mod message;
+pub mod pattern;
 pub mod producer;
 pub mod routing;
 pub mod url;
