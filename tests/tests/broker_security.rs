@@ -821,6 +821,36 @@ async fn authorization_matrix() {
         Some(ServerError::AuthorizationError as i32),
         "{got:?}"
     );
+    // Pulsar's revoke path (`…/permissions/{subscription}/{role}`): the
+    // last listed role revoked, the subscription is no longer restricted.
+    http.ok(
+        "DELETE",
+        "/admin/v2/namespaces/ta/ns/permissions/locked/someone-else",
+        None,
+        &ta_admin,
+    )
+    .await;
+    let (s, v) = http
+        .call("GET", "/admin/v2/namespaces/ta/ns", None, Some(&su))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["auth_policies"]["subscription_auth_roles"]
+            .get("locked")
+            .is_none(),
+        "restriction still stored: {v}"
+    );
+    c.send(commands::subscribe(
+        "persistent://ta/ns/t1",
+        "locked",
+        SubType::Shared,
+        904,
+        904,
+        InitialPosition::Latest,
+    ))
+    .await;
+    let got = c.recv().await.expect("answer");
+    assert!(got.success.is_some(), "after the revoke: {got:?}");
     // A topic-level grant: tb-user may consume tb/ns/t1 only.
     http.ok(
         "POST",

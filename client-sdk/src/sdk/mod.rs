@@ -10,4 +10,5 @@ pub mod error;
 pub mod message;
 pub mod producer;
 pub mod routing;
+pub(crate) mod tls;
 pub mod url;
