@@ -182,6 +182,52 @@ async fn sdk_tls_trust_hostname_and_token() {
         other => panic!("no token over TLS: {other:?}"),
     }
 
+    // cms-perf takes the same options: trusted CA + token publishes; an
+    // untrusted CA exits non-zero with the TLS reason.
+    let perf = cms_tests::harness::bins::find("cms-perf").expect("cms-perf binary");
+    let run_perf = |ca: std::path::PathBuf| {
+        let mut cmd = tokio::process::Command::new(&perf);
+        cmd.args([
+            "produce",
+            "--service-url",
+            &by_name,
+            "--topic",
+            "persistent://public/default/sdk-tls-perf",
+            "--size",
+            "128",
+            "--messages",
+            "50",
+            "--json",
+            "--auth-token",
+            &token,
+        ])
+        .arg("--tls-trust-cert")
+        .arg(ca)
+        .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), cmd.output())
+                .await
+                .expect("cms-perf finished within 60 s")
+                .expect("cms-perf ran")
+        }
+    };
+    let out = run_perf(good.ca.clone()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cms-perf over TLS: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("cms-perf JSON");
+    assert_eq!(v["msgs"], 50, "{v}");
+    let out = run_perf(other.ca.clone()).await;
+    assert!(
+        !out.status.success(),
+        "cms-perf with an untrusted CA succeeded"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("UnknownIssuer"), "{stderr}");
+
     // A plaintext client on the TLS port fails rather than hangs.
     let plain = Client::builder(format!("pulsar://127.0.0.1:{port}"))
         .operation_timeout(Duration::from_secs(5))
