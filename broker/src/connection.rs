@@ -142,8 +142,21 @@ async fn lookup_reply(state: &BrokerState, c: &CommandLookupTopic) -> BaseComman
                     }
                     r
                 }
-                Ok(LookupAnswer::Redirect { service_url, .. }) => {
-                    commands::lookup_response_redirect(c.request_id, &service_url, true)
+                Ok(LookupAnswer::Redirect {
+                    service_url,
+                    service_url_tls,
+                    ..
+                }) => {
+                    let mut r =
+                        commands::lookup_response_redirect(c.request_id, &service_url, true);
+                    // A client on pulsar+ssl:// follows this one (Pulsar's
+                    // clients pick brokerServiceUrlTls when they use TLS).
+                    if let (Some(l), Some(tls)) =
+                        (r.lookup_topic_response.as_mut(), service_url_tls)
+                    {
+                        l.broker_service_url_tls = Some(tls);
+                    }
+                    r
                 }
                 Err(e) => {
                     let (code, msg) = ownership_error_reply(&e);

@@ -84,6 +84,11 @@ async fn metrics(State(s): State<Arc<BrokerState>>) -> Response {
     }
 }
 
+/// Request extension of the HTTPS listener: the request came over TLS, so
+/// redirects point at the target's `https://` URL when it has one.
+#[derive(Debug, Clone, Copy)]
+pub struct OverTls;
+
 #[derive(Debug, serde::Deserialize)]
 struct LookupQuery {
     #[serde(default)]
@@ -94,6 +99,7 @@ async fn lookup(
     State(s): State<Arc<BrokerState>>,
     Path((domain, tenant, namespace, topic)): Path<(String, String, String, String)>,
     Query(q): Query<LookupQuery>,
+    over_tls: Option<axum::Extension<OverTls>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let bad =
@@ -122,11 +128,19 @@ async fn lookup(
                 "brokerUrl": s.service_url,
                 "brokerUrlTls": s.service_url_tls.clone().unwrap_or_default(),
                 "httpUrl": s.http_url,
-                "httpUrlTls": "",
+                "httpUrlTls": s.http_url_tls.clone().unwrap_or_default(),
                 "nativeUrl": s.service_url,
             }),
         ),
-        Ok(Ok(LookupAnswer::Redirect { http_url, .. })) => {
+        Ok(Ok(LookupAnswer::Redirect {
+            http_url,
+            http_url_tls,
+            ..
+        })) => {
+            let http_url = match (over_tls, http_url_tls) {
+                (Some(_), Some(https)) => https,
+                _ => http_url,
+            };
             let location = format!(
                 "{http_url}/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}?authoritative=true"
             );

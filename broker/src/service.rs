@@ -83,6 +83,8 @@ pub struct BrokerState {
     pub http_url: String,
     /// `pulsar+ssl://<advertised host>:<port>` when the TLS port is on.
     pub service_url_tls: Option<String>,
+    /// `https://<advertised host>:<port>` when the HTTPS port is on.
+    pub http_url_tls: Option<String>,
     /// Token authentication and authorization; None = off (everyone may do
     /// everything, as before security was configured).
     pub auth: Option<Arc<crate::auth::Authenticator>>,
@@ -277,6 +279,12 @@ pub async fn run(
         http_addr.port()
     );
 
+    // The TLS twins, advertised in the registration and in lookups.
+    let service_url_tls = addr_of(&broker_tls_listener)?
+        .map(|a| format!("pulsar+ssl://{}:{}", config.advertised_host(a), a.port()));
+    let http_url_tls = addr_of(&https_listener)?
+        .map(|a| format!("https://{}:{}", config.advertised_host(a), a.port()));
+
     let client = LedgerClient::connect(store.clone(), layout.clone(), ledger_client_options())
         .await
         .map_err(|e| BrokerError::Ledger(e.to_string()))?;
@@ -286,6 +294,8 @@ pub async fn run(
     let reg = serde_json::to_string(&Registration {
         service_url: service_url.clone(),
         web_service_url: http_url.clone(),
+        service_url_tls: service_url_tls.clone(),
+        web_service_url_tls: http_url_tls.clone(),
         cluster: cluster.name.clone(),
         ..Registration::default()
     })
@@ -352,6 +362,8 @@ pub async fn run(
             registration_path: reg_path.clone(),
             service_url: service_url.clone(),
             http_url: http_url.clone(),
+            service_url_tls: service_url_tls.clone(),
+            http_url_tls: http_url_tls.clone(),
             cluster: cluster.name.clone(),
             // The granted timeout can be lower than the requested one.
             session_timeout_ms: store
@@ -370,10 +382,6 @@ pub async fn run(
     ownership.start();
     let mut fatal = ownership.fatal_signal();
     let quota = crate::quota_io::QuotaService::new(broker_id, store.clone(), layout.clone());
-    let service_url_tls = broker_tls_listener
-        .as_ref()
-        .and_then(|l| l.local_addr().ok())
-        .map(|a| format!("pulsar+ssl://{}:{}", config.advertised_host(a), a.port()));
     let state = Arc::new(BrokerState {
         config,
         mode,
@@ -390,6 +398,7 @@ pub async fn run(
         service_url: service_url.clone(),
         http_url: http_url.clone(),
         service_url_tls,
+        http_url_tls,
         auth,
         producer_name_prefix: format!("{}-{incarnation}", cluster.name),
         producer_seq: AtomicU64::new(0),
@@ -438,7 +447,9 @@ pub async fn run(
             let addr = l.local_addr().map_err(|e| BrokerError::Io(e.to_string()))?;
             let listener = crate::tls::HttpsListener::new(l, tls.clone())
                 .map_err(|e| BrokerError::Io(e.to_string()))?;
-            let router = crate::http::router(state.clone());
+            // Requests over HTTPS are marked so redirects stay on HTTPS.
+            let router =
+                crate::http::router(state.clone()).layer(axum::Extension(crate::http::OverTls));
             let mut stop = state.shutdown_signal();
             info!(https = %addr, "HTTPS serving");
             https = Some(tokio::spawn(async move {

@@ -92,6 +92,25 @@
 //! # }
 //! ```
 //!
+//! # TLS and token authentication
+//!
+//! ```no_run
+//! # fn run() -> Result<(), cms_client::Error> {
+//! // Several hosts, TLS, the brokers' CA and a token (Pulsar's settings:
+//! // tlsTrustCertsFilePath, tlsValidateHostname, AuthenticationToken).
+//! let client = cms_client::Client::builder("pulsar+ssl://b1.example:6651,b2.example:6651")
+//!     .tls_trust_certs_file("/etc/cms/ca.pem")
+//!     .tls_validate_hostname(true) // the default
+//!     .auth_token(std::fs::read_to_string("app.token").unwrap_or_default().trim())
+//!     .build()?;
+//! # let _ = client;
+//! # Ok(())
+//! # }
+//! ```
+//! Lookups then follow the brokers' `brokerServiceUrlTls`; a broker whose
+//! certificate is not trusted, or does not name the host, is
+//! [`Error::Tls`] (not retried).
+//!
 //! # Features
 //! - `sdk` (default): the SDK and `cms-perf`. With `default-features = false`
 //!   the crate is only the wire codec [`proto`] (bytes, prost, crc32c,

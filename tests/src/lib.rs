@@ -9,3 +9,4 @@ pub mod faults;
 pub mod harness;
 pub mod history;
 pub mod pulsar_py;
+pub mod tls;

@@ -821,6 +821,36 @@ async fn authorization_matrix() {
         Some(ServerError::AuthorizationError as i32),
         "{got:?}"
     );
+    // Pulsar's revoke path (`…/permissions/{subscription}/{role}`): the
+    // last listed role revoked, the subscription is no longer restricted.
+    http.ok(
+        "DELETE",
+        "/admin/v2/namespaces/ta/ns/permissions/locked/someone-else",
+        None,
+        &ta_admin,
+    )
+    .await;
+    let (s, v) = http
+        .call("GET", "/admin/v2/namespaces/ta/ns", None, Some(&su))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["auth_policies"]["subscription_auth_roles"]
+            .get("locked")
+            .is_none(),
+        "restriction still stored: {v}"
+    );
+    c.send(commands::subscribe(
+        "persistent://ta/ns/t1",
+        "locked",
+        SubType::Shared,
+        904,
+        904,
+        InitialPosition::Latest,
+    ))
+    .await;
+    let got = c.recv().await.expect("answer");
+    assert!(got.success.is_some(), "after the revoke: {got:?}");
     // A topic-level grant: tb-user may consume tb/ns/t1 only.
     http.ok(
         "POST",
@@ -907,35 +937,7 @@ async fn authorization_matrix() {
 
 // ---------------------------------------------------------------- TLS
 
-/// A CA and a server certificate for 127.0.0.1 / localhost it signed.
-struct Pki {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
-}
-
-fn pki(ca_name: &str) -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, ca_name);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
-        .expect("ca cert");
-    let key = KeyPair::generate().expect("server key");
-    let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-        .expect("server params");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, format!("broker of {ca_name}"));
-    let cert = params.signed_by(&key, &ca).expect("server cert");
-    Pki {
-        ca_pem: ca.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    }
-}
+use cms_tests::tls::pki;
 
 /// Whether a TLS handshake with `addr` succeeds trusting only `ca_pem`.
 async fn tls_handshake_ok(addr: SocketAddr, ca_pem: &str) -> bool {

@@ -76,9 +76,11 @@ pub enum AdminError {
     #[error("{0}")]
     Internal(String),
     /// Another broker owns the topic (307 to the same path there; the
-    /// value is that broker's `http://host:port`).
+    /// values are that broker's `http://host:port` and, when its HTTPS
+    /// port is on, its `https://host:port`, used for requests that came
+    /// over HTTPS).
     #[error("topic served by {0}")]
-    Redirect(String),
+    Redirect(String, Option<String>),
 }
 
 impl AdminError {
@@ -92,7 +94,7 @@ impl AdminError {
             AdminError::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             AdminError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AdminError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            AdminError::Redirect(_) => StatusCode::TEMPORARY_REDIRECT,
+            AdminError::Redirect(..) => StatusCode::TEMPORARY_REDIRECT,
         }
     }
 }
@@ -117,15 +119,22 @@ impl From<MetadataError> for AdminError {
 /// Header carrying a redirect's target broker from the handler to the
 /// route layer, which completes `Location` with the request's path.
 const REDIRECT_BASE_HEADER: &str = "x-cms-redirect-base";
+/// As [`REDIRECT_BASE_HEADER`], the target's HTTPS base (when it has one).
+const REDIRECT_BASE_TLS_HEADER: &str = "x-cms-redirect-base-tls";
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let AdminError::Redirect(base) = &self {
+        if let AdminError::Redirect(base, base_tls) = &self {
             let mut resp =
                 json_response(status, &serde_json::json!({ "reason": self.to_string() }));
             if let Ok(v) = axum::http::HeaderValue::from_str(base) {
                 resp.headers_mut().insert(REDIRECT_BASE_HEADER, v);
+            }
+            if let Some(t) = base_tls
+                && let Ok(v) = axum::http::HeaderValue::from_str(t)
+            {
+                resp.headers_mut().insert(REDIRECT_BASE_TLS_HEADER, v);
             }
             return resp;
         }
@@ -306,7 +315,7 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
     ),
     (
         "DELETE",
-        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{subscription}/{role}",
     ),
     (
         "GET",
@@ -528,7 +537,7 @@ fn table() -> Table {
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}", pm::ns_grant)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}", pm::ns_revoke)
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}", pm::sub_grant)
-    .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}", pm::sub_revoke)
+    .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{subscription}/{role}", pm::sub_revoke)
     .add("GET", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions", pm::topic_get)
     .add("POST", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions/{role}", pm::topic_grant)
     .add("DELETE", "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/permissions/{role}", pm::topic_revoke)
@@ -614,9 +623,15 @@ pub fn router(state: &Arc<BrokerState>) -> Router<Arc<BrokerState>> {
                         .extensions()
                         .get::<axum::extract::MatchedPath>()
                         .map_or_else(String::new, |m| m.as_str().to_string());
+                    let over_tls = req.extensions().get::<crate::http::OverTls>().is_some();
                     let mut resp = next.run(req).await;
-                    // A redirect to the owning broker: same path and query there.
-                    if let Some(base) = resp.headers_mut().remove(REDIRECT_BASE_HEADER)
+                    // A redirect to the owning broker: same path and query
+                    // there, over HTTPS when the request came over HTTPS
+                    // and the owner has an HTTPS port.
+                    let plain = resp.headers_mut().remove(REDIRECT_BASE_HEADER);
+                    let tls = resp.headers_mut().remove(REDIRECT_BASE_TLS_HEADER);
+                    let target = if over_tls { tls.or(plain) } else { plain };
+                    if let Some(base) = target
                         && let Ok(base) = base.to_str()
                         && let Ok(loc) = axum::http::HeaderValue::from_str(&format!(
                             "{}{path_and_query}",
@@ -683,9 +698,16 @@ mod tests {
         assert_eq!(AdminError::Conflict(String::new()).status(), 409);
         assert_eq!(AdminError::PreconditionFailed(String::new()).status(), 412);
         assert_eq!(AdminError::Unavailable(String::new()).status(), 503);
-        assert_eq!(AdminError::Redirect("http://b:8080".into()).status(), 307);
-        let r = AdminError::Redirect("http://b:8080".into()).into_response();
+        assert_eq!(
+            AdminError::Redirect("http://b:8080".into(), None).status(),
+            307
+        );
+        let r = AdminError::Redirect("http://b:8080".into(), None).into_response();
         assert_eq!(r.headers()[REDIRECT_BASE_HEADER], "http://b:8080");
+        assert!(r.headers().get(REDIRECT_BASE_TLS_HEADER).is_none());
+        let r = AdminError::Redirect("http://b:8080".into(), Some("https://b:8443".into()))
+            .into_response();
+        assert_eq!(r.headers()[REDIRECT_BASE_TLS_HEADER], "https://b:8443");
         assert_eq!(
             AdminError::from(MetadataError::NoNode("/x".into())).status(),
             404

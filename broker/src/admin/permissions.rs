@@ -7,8 +7,11 @@
 //! - `POST|DELETE /namespaces/{t}/{ns}/permissions/{role}` (POST body `["produce"]`)
 //! - `GET /{domain}/{t}/{ns}/{topic}/permissions` → namespace and topic grants merged
 //! - `POST|DELETE /{domain}/{t}/{ns}/{topic}/permissions/{role}`
-//! - `POST|DELETE /namespaces/{t}/{ns}/permissions/subscription/{sub}` body
-//!   `["role", ...]` (DELETE without a body drops the restriction)
+//! - `POST /namespaces/{t}/{ns}/permissions/subscription/{sub}` body
+//!   `["role", ...]`
+//! - `DELETE /namespaces/{t}/{ns}/permissions/{sub}/{role}` (Pulsar's
+//!   `revokePermissionOnSubscription`: one role; the restriction goes with
+//!   its last role)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -197,33 +200,48 @@ pub async fn sub_grant(axum::extract::State(s): St, p: Params, body: Body) -> Ad
     Ok(no_content())
 }
 
-/// `DELETE /namespaces/{tenant}/{namespace}/permissions/subscription/{subscription}`:
-/// removes the roles in the body, or the whole restriction without a body.
-pub async fn sub_revoke(axum::extract::State(s): St, p: Params, body: Body) -> AdminResult {
+/// `DELETE /namespaces/{tenant}/{namespace}/permissions/{subscription}/{role}`
+/// (Pulsar's path): removes `role` from the subscription's allowed roles;
+/// when it was the last one, the subscription is no longer restricted.
+/// Revoking a role that is not listed is a no-op (204).
+pub async fn sub_revoke(axum::extract::State(s): St, p: Params) -> AdminResult {
     let (t, ns) = ns_params(&p)?;
     let sub = sub_param(&p)?;
-    let roles: Option<BTreeSet<String>> = if body.is_empty() {
-        None
-    } else {
-        Some(body.json()?)
-    };
-    change(&s, &t, &ns, |pol| {
-        let m = &mut pol.auth_policies.subscription_auth_roles;
-        match &roles {
-            None => {
-                m.remove(&sub);
-            }
-            Some(r) => {
-                if let Some(cur) = m.get_mut(&sub) {
-                    cur.retain(|x| !r.contains(x));
-                    if cur.is_empty() {
-                        m.remove(&sub);
-                    }
-                }
-            }
-        }
-    })
-    .await?;
-    info!(tenant = %t, namespace = %ns, subscription = %sub, "subscription roles revoked");
+    let role = role_param(&p)?;
+    change(&s, &t, &ns, |pol| revoke_sub_role(pol, &sub, &role)).await?;
+    info!(tenant = %t, namespace = %ns, subscription = %sub, role = %role, "subscription role revoked");
     Ok(no_content())
+}
+
+fn revoke_sub_role(pol: &mut NamespacePolicies, sub: &str, role: &str) {
+    let m = &mut pol.auth_policies.subscription_auth_roles;
+    if let Some(cur) = m.get_mut(sub) {
+        cur.remove(role);
+        if cur.is_empty() {
+            m.remove(sub);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revoking_a_subscription_role_drops_the_restriction_with_the_last_one() {
+        let mut pol = NamespacePolicies::default();
+        pol.auth_policies.subscription_auth_roles.insert(
+            "s".into(),
+            ["a", "b"].into_iter().map(String::from).collect(),
+        );
+        revoke_sub_role(&mut pol, "s", "a");
+        revoke_sub_role(&mut pol, "other", "a");
+        assert_eq!(
+            pol.auth_policies.subscription_auth_roles["s"],
+            BTreeSet::from(["b".to_string()])
+        );
+        revoke_sub_role(&mut pol, "s", "missing");
+        revoke_sub_role(&mut pol, "s", "b");
+        assert!(pol.auth_policies.subscription_auth_roles.is_empty());
+    }
 }

@@ -113,7 +113,11 @@ pub(crate) async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, A
     }
     match s.ownership.lookup(t, false).await {
         Ok(LookupAnswer::Connect) => {}
-        Ok(LookupAnswer::Redirect { http_url, .. }) => return Err(AdminError::Redirect(http_url)),
+        Ok(LookupAnswer::Redirect {
+            http_url,
+            http_url_tls,
+            ..
+        }) => return Err(AdminError::Redirect(http_url, http_url_tls)),
         Err(e) => return Err(AdminError::Unavailable(format!("ownership of {t}: {e}"))),
     }
     s.topics.get_or_load(t, false).await.map_err(topic_error)
@@ -123,7 +127,7 @@ pub(crate) async fn load(s: &BrokerState, t: &TopicName) -> Result<Arc<Topic>, A
 /// becomes 503 naming the owner (the request cannot move as a whole).
 pub(crate) fn within_many(t: &TopicName, e: AdminError) -> AdminError {
     match e {
-        AdminError::Redirect(owner) => {
+        AdminError::Redirect(owner, _) => {
             AdminError::Unavailable(format!("{t} is served by {owner}; ask that broker"))
         }
         other => other,

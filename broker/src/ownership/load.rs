@@ -70,6 +70,12 @@ pub struct Registration {
     pub service_url: String,
     /// `http://host:port` (advertised).
     pub web_service_url: String,
+    /// `pulsar+ssl://host:port` when the broker's TLS port is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_url_tls: Option<String>,
+    /// `https://host:port` when the broker's HTTPS port is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web_service_url_tls: Option<String>,
     /// Cluster name.
     pub cluster: String,
     /// Shutting down: takes no new bundles.
@@ -148,6 +154,7 @@ mod tests {
                 cluster: "c".into(),
                 draining: false,
                 load,
+                ..Registration::default()
             },
         }
     }
@@ -226,9 +233,19 @@ mod tests {
             serde_json::from_str(r#"{"serviceUrl":"pulsar://h:1","webServiceUrl":"http://h:2"}"#)
                 .unwrap();
         assert_eq!(r.service_url, "pulsar://h:1");
+        assert_eq!(r.service_url_tls, None);
         assert_eq!(r.load, LoadReport::default());
         let v = serde_json::to_value(&r).unwrap();
         assert!(v["load"]["msgRateIn"].is_number());
+        assert!(v.get("serviceUrlTls").is_none());
+        let tls = Registration {
+            service_url_tls: Some("pulsar+ssl://h:3".into()),
+            web_service_url_tls: Some("https://h:4".into()),
+            ..r
+        };
+        let v = serde_json::to_value(&tls).unwrap();
+        assert_eq!(v["serviceUrlTls"], "pulsar+ssl://h:3");
+        assert_eq!(v["webServiceUrlTls"], "https://h:4");
     }
 
     #[test]

@@ -61,7 +61,10 @@ const OWNER_GONE_POLL_MS: u64 = 100;
 /// still completes handshakes from its backlog, or a slow network) counts as
 /// reachable, since it proves nothing.
 async fn reachable(service_url: &str) -> bool {
-    let Some(addr) = service_url.strip_prefix("pulsar://") else {
+    let Some(addr) = service_url
+        .strip_prefix("pulsar://")
+        .or_else(|| service_url.strip_prefix("pulsar+ssl://"))
+    else {
         return true;
     };
     let addr = addr.trim_end_matches('/').to_string();
@@ -131,6 +134,12 @@ pub struct OwnerRecord {
     pub service_url: String,
     /// Its advertised `http://` URL.
     pub http_url: String,
+    /// Its advertised `pulsar+ssl://` URL, when its TLS port is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_url_tls: Option<String>,
+    /// Its advertised `https://` URL, when its HTTPS port is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_url_tls: Option<String>,
 }
 
 /// The answer to a lookup.
@@ -144,6 +153,10 @@ pub enum LookupAnswer {
         service_url: String,
         /// `http://` URL.
         http_url: String,
+        /// `pulsar+ssl://` URL (TLS port on).
+        service_url_tls: Option<String>,
+        /// `https://` URL (HTTPS port on).
+        http_url_tls: Option<String>,
     },
 }
 
@@ -166,6 +179,10 @@ pub struct OwnershipConfig {
     pub service_url: String,
     /// Advertised `http://` URL.
     pub http_url: String,
+    /// Advertised `pulsar+ssl://` URL (TLS port on).
+    pub service_url_tls: Option<String>,
+    /// Advertised `https://` URL (HTTPS port on).
+    pub http_url_tls: Option<String>,
     /// Cluster name (in the registration).
     pub cluster: String,
     /// Metadata session timeout, in milliseconds.
@@ -311,11 +328,7 @@ impl Ownership {
         let mut out = Vec::with_capacity(bundles.ranges().len());
         for range in bundles.ranges() {
             if !self.cfg.enabled {
-                let me = OwnerRecord {
-                    broker_id: self.cfg.broker_id.clone(),
-                    service_url: self.cfg.service_url.clone(),
-                    http_url: self.cfg.http_url.clone(),
-                };
+                let me = self.own_record();
                 out.push((*range, Some(me)));
                 continue;
             }
@@ -422,6 +435,8 @@ impl Ownership {
                     return Ok(LookupAnswer::Redirect {
                         service_url: rec.service_url,
                         http_url: rec.http_url,
+                        service_url_tls: rec.service_url_tls,
+                        http_url_tls: rec.http_url_tls,
                     });
                 }
                 Err(MetadataError::NoNode(_)) => {}
@@ -453,6 +468,8 @@ impl Ownership {
                         return Ok(LookupAnswer::Redirect {
                             service_url: c.registration.service_url.clone(),
                             http_url: c.registration.web_service_url.clone(),
+                            service_url_tls: c.registration.service_url_tls.clone(),
+                            http_url_tls: c.registration.web_service_url_tls.clone(),
                         });
                     }
                 }
@@ -490,12 +507,19 @@ impl Ownership {
         Ok(false)
     }
 
-    async fn acquire(&self, key: &BundleKey, path: &str) -> Result<(), MetadataError> {
-        let rec = OwnerRecord {
+    /// What this broker writes in the ownership nodes it creates.
+    fn own_record(&self) -> OwnerRecord {
+        OwnerRecord {
             broker_id: self.cfg.broker_id.clone(),
             service_url: self.cfg.service_url.clone(),
             http_url: self.cfg.http_url.clone(),
-        };
+            service_url_tls: self.cfg.service_url_tls.clone(),
+            http_url_tls: self.cfg.http_url_tls.clone(),
+        }
+    }
+
+    async fn acquire(&self, key: &BundleKey, path: &str) -> Result<(), MetadataError> {
+        let rec = self.own_record();
         let data = serde_json::to_vec(&rec).unwrap_or_default();
         if let Some(parent) = cms_bookie::metadata::parent_of(path) {
             self.store.create_all(parent).await?;
@@ -645,6 +669,8 @@ impl Ownership {
         let reg = Registration {
             service_url: self.cfg.service_url.clone(),
             web_service_url: self.cfg.http_url.clone(),
+            service_url_tls: self.cfg.service_url_tls.clone(),
+            web_service_url_tls: self.cfg.http_url_tls.clone(),
             cluster: self.cfg.cluster.clone(),
             draining: self.draining.load(Ordering::Acquire),
             load: sampler.sample(self),
@@ -894,6 +920,8 @@ mod tests {
                 registration_path: reg_path,
                 service_url: url.clone(),
                 http_url: url.replace("pulsar", "http"),
+                service_url_tls: None,
+                http_url_tls: None,
                 cluster: "test".into(),
                 // Long: these tests do not run the heartbeat.
                 session_timeout_ms: 120_000,
@@ -950,6 +978,8 @@ mod tests {
                 LookupAnswer::Redirect {
                     service_url: owner.url.clone(),
                     http_url: owner.url.replace("pulsar", "http"),
+                    service_url_tls: None,
+                    http_url_tls: None,
                 }
             );
         }

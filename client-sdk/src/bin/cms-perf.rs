@@ -66,9 +66,20 @@ enum Sub {
 
 #[derive(clap::Args, Debug, Clone)]
 struct Common {
-    /// `pulsar://host:port`.
+    /// `pulsar://host:port`, or `pulsar+ssl://host:port` for TLS (several
+    /// hosts: `pulsar://h1:6650,h2:6650`).
     #[arg(long, default_value = "pulsar://127.0.0.1:6650")]
     service_url: String,
+    /// `pulsar+ssl://`: PEM file of the CAs the brokers' certificates must
+    /// chain to (default: the system's roots).
+    #[arg(long, alias = "tls-trust-cert-file")]
+    tls_trust_cert: Option<std::path::PathBuf>,
+    /// `pulsar+ssl://`: accept any broker certificate (testing only).
+    #[arg(long)]
+    tls_allow_insecure: bool,
+    /// `pulsar+ssl://`: do not check that the certificate names the host.
+    #[arg(long)]
+    tls_no_hostname_verification: bool,
     /// Token for token authentication (prefer `--auth-token-file`: a flag
     /// is visible to other local users).
     #[arg(long, conflicts_with = "auth_token_file")]
@@ -409,7 +420,13 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
         Mode::Consume(a) => ("consume", a),
         Mode::EndToEnd(a) => ("end-to-end", a),
     };
-    let mut builder = Client::builder(&a.service_url).operation_timeout(Duration::from_secs(30));
+    let mut builder = Client::builder(&a.service_url)
+        .operation_timeout(Duration::from_secs(30))
+        .tls_allow_insecure_connection(a.tls_allow_insecure)
+        .tls_validate_hostname(!a.tls_no_hostname_verification);
+    if let Some(ca) = &a.tls_trust_cert {
+        builder = builder.tls_trust_certs_file(ca);
+    }
     let token = match (&a.auth_token, &a.auth_token_file) {
         (Some(t), _) => Some(t.trim().to_string()),
         (None, Some(p)) => Some(

@@ -1,7 +1,9 @@
 //! [`Client`]: the entry point. Holds the service URL, the options, one
 //! [`Connection`] per broker (re-created when it closes) and the id counters.
 //! Cheap to clone; `Send + Sync`. Lookups follow redirects (at most
-//! [`REDIRECTS_MAX`]) and answer the broker that owns a topic.
+//! [`REDIRECTS_MAX`]) and answer the broker that owns a topic. With a
+//! `pulsar+ssl://` service URL every connection is TLS and lookups follow
+//! the brokers' `brokerServiceUrlTls`, as Pulsar clients do.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +14,8 @@ use super::connection::Connection;
 use super::consumer::{ConsumerBuilder, ReaderBuilder};
 use super::error::{Error, Result};
 use super::producer::ProducerBuilder;
-use super::url::{ServiceUrl, broker_addr};
+use super::tls::TlsOptions;
+use super::url::{BrokerAddr, ServiceUrl, broker_addr};
 use crate::proto::commands;
 use crate::proto::pulsar::command_lookup_topic_response::LookupType;
 use crate::proto::pulsar::command_partitioned_topic_metadata_response::LookupType as PmLookupType;
@@ -29,6 +32,7 @@ pub(crate) struct Options {
     pub(crate) backoff_initial: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) token: Option<Secret>,
+    pub(crate) tls: TlsOptions,
 }
 
 /// A credential that `Debug` does not print.
@@ -76,12 +80,38 @@ impl ClientBuilder {
         self.opts.token = Some(Secret(token.into()));
         self
     }
-    /// Validates the URL and builds the client (no I/O yet).
+    /// `pulsar+ssl://`: the PEM file of the CAs the brokers' certificates
+    /// must chain to (Pulsar's `tlsTrustCertsFilePath`). Without it, the
+    /// system's trusted roots.
+    pub fn tls_trust_certs_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.opts.tls.trust_certs_file = Some(path.into());
+        self
+    }
+    /// `pulsar+ssl://`: accept any broker certificate (Pulsar's
+    /// `tlsAllowInsecureConnection`). Off by default; for tests only.
+    pub fn tls_allow_insecure_connection(mut self, allow: bool) -> Self {
+        self.opts.tls.allow_insecure_connection = allow;
+        self
+    }
+    /// `pulsar+ssl://`: the broker's certificate must name the host
+    /// connected to (Pulsar's `tlsValidateHostname`). On by default.
+    pub fn tls_validate_hostname(mut self, validate: bool) -> Self {
+        self.opts.tls.validate_hostname = validate;
+        self
+    }
+    /// Validates the URL (and, for `pulsar+ssl://`, loads the trust file)
+    /// and builds the client (no network I/O yet).
     pub fn build(self) -> Result<Client> {
         let url = ServiceUrl::parse(&self.url)?;
+        let tls = if url.tls {
+            Some(super::tls::client_config(&self.opts.tls)?)
+        } else {
+            None
+        };
         Ok(Client {
             inner: Arc::new(Inner {
                 url,
+                tls,
                 opts: self.opts,
                 conns: tokio::sync::Mutex::new(HashMap::new()),
                 next_host: AtomicUsize::new(0),
@@ -93,8 +123,10 @@ impl ClientBuilder {
 
 struct Inner {
     url: ServiceUrl,
+    /// The rustls configuration (`pulsar+ssl://` only).
+    tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
     opts: Options,
-    conns: tokio::sync::Mutex<HashMap<String, Connection>>,
+    conns: tokio::sync::Mutex<HashMap<BrokerAddr, Connection>>,
     next_host: AtomicUsize,
     ids: AtomicU64,
 }
@@ -135,6 +167,7 @@ impl Client {
                 backoff_initial: Duration::from_millis(100),
                 backoff_max: Duration::from_secs(30),
                 token: None,
+                tls: TlsOptions::default(),
             },
         }
     }
@@ -203,8 +236,8 @@ impl Client {
         self.inner.ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The shared connection to `addr` (`host:port`), opened if needed.
-    pub(crate) async fn connection(&self, addr: &str) -> Result<Connection> {
+    /// The shared connection to `addr`, opened if needed.
+    pub(crate) async fn connection(&self, addr: &BrokerAddr) -> Result<Connection> {
         let mut conns = self.inner.conns.lock().await;
         if let Some(c) = conns.get(addr)
             && !c.is_closed()
@@ -214,13 +247,14 @@ impl Client {
         let o = &self.inner.opts;
         let c = Connection::connect(
             addr,
+            self.inner.tls.as_ref(),
             o.connection_timeout,
             o.operation_timeout,
             o.keep_alive,
             o.token.as_ref().map(|t| t.0.clone()),
         )
         .await?;
-        conns.insert(addr.to_owned(), c.clone());
+        conns.insert(addr.clone(), c.clone());
         Ok(c)
     }
 
@@ -230,7 +264,11 @@ impl Client {
         let mut last = None;
         for _ in 0..hosts.len() {
             let i = self.inner.next_host.load(Ordering::Relaxed) % hosts.len();
-            match self.connection(&hosts[i]).await {
+            let addr = BrokerAddr {
+                addr: hosts[i].clone(),
+                tls: self.inner.url.tls,
+            };
+            match self.connection(&addr).await {
                 Ok(c) => return Ok(c),
                 Err(e) => {
                     self.inner.next_host.fetch_add(1, Ordering::Relaxed);
@@ -254,22 +292,51 @@ impl Client {
             let r = r
                 .lookup_topic_response
                 .ok_or_else(|| Error::Protocol("LOOKUP_RESPONSE without body".into()))?;
-            let url = r.broker_service_url.clone().unwrap_or_default();
+            let url = self.lookup_url(&r);
             match r.response.and_then(|t| LookupType::try_from(t).ok()) {
                 Some(LookupType::Connect) => {
                     if r.proxy_through_service_url == Some(true) || url.is_empty() {
                         return Ok(conn);
                     }
-                    return self.connection(&broker_addr(&url)?).await;
+                    return self.connection(&self.answered_addr(&url)?).await;
                 }
                 Some(LookupType::Redirect) => {
                     authoritative = r.authoritative.unwrap_or(false);
-                    conn = self.connection(&broker_addr(&url)?).await?;
+                    conn = self.connection(&self.answered_addr(&url)?).await?;
                 }
                 _ => return Err(Error::server(r.error, r.message.unwrap_or_default())),
             }
         }
         Err(Error::TooManyRedirects(topic.to_owned()))
+    }
+
+    /// The URL a lookup answer points at: `brokerServiceUrlTls` for a TLS
+    /// client (falling back to `brokerServiceUrl` when that one is already
+    /// `pulsar+ssl://`, as a broker without a plaintext port answers),
+    /// `brokerServiceUrl` otherwise. Empty when the answer names none.
+    fn lookup_url(&self, r: &crate::proto::pulsar::CommandLookupTopicResponse) -> String {
+        let plain = r.broker_service_url.clone().unwrap_or_default();
+        if !self.inner.url.tls {
+            return plain;
+        }
+        match r.broker_service_url_tls.as_deref() {
+            Some(t) if !t.is_empty() => t.to_owned(),
+            _ => plain,
+        }
+    }
+
+    /// The broker a lookup answer's `url` names; a TLS client refuses a
+    /// plaintext URL rather than silently dropping TLS.
+    fn answered_addr(&self, url: &str) -> Result<BrokerAddr> {
+        let addr = broker_addr(url)?;
+        if self.inner.url.tls && !addr.tls {
+            return Err(Error::Tls {
+                addr: url.to_owned(),
+                reason: "the lookup answered no brokerServiceUrlTls: the broker has no TLS port"
+                    .into(),
+            });
+        }
+        Ok(addr)
     }
 }
 
@@ -283,6 +350,35 @@ mod tests {
     fn token_is_not_in_debug_output() {
         let b = Client::builder("pulsar://a:1").auth_token("s3cret-token");
         assert!(!format!("{b:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn tls_clients_follow_the_tls_lookup_url_and_never_drop_tls() {
+        use crate::proto::pulsar::CommandLookupTopicResponse;
+        let tls = Client::builder("pulsar+ssl://a:6651")
+            .tls_allow_insecure_connection(true)
+            .build()
+            .unwrap();
+        let plain = Client::new("pulsar://a:6650").unwrap();
+        let both = CommandLookupTopicResponse {
+            broker_service_url: Some("pulsar://b:6650".into()),
+            broker_service_url_tls: Some("pulsar+ssl://b:6651".into()),
+            ..Default::default()
+        };
+        assert_eq!(tls.lookup_url(&both), "pulsar+ssl://b:6651");
+        assert_eq!(plain.lookup_url(&both), "pulsar://b:6650");
+        let tls_only = CommandLookupTopicResponse {
+            broker_service_url: Some("pulsar+ssl://b:6651".into()),
+            ..Default::default()
+        };
+        assert_eq!(tls.lookup_url(&tls_only), "pulsar+ssl://b:6651");
+        let plain_only = CommandLookupTopicResponse {
+            broker_service_url: Some("pulsar://b:6650".into()),
+            ..Default::default()
+        };
+        let url = tls.lookup_url(&plain_only);
+        assert!(matches!(tls.answered_addr(&url), Err(Error::Tls { .. })));
+        assert!(tls.answered_addr("pulsar+ssl://b:6651").unwrap().tls);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! One TCP connection to one broker, shared by every producer and consumer
+//! One TCP (or TLS over TCP) connection to one broker, shared by every producer and consumer
 //! of a [`super::Client`] that talks to that broker.
 //!
 //! A writer task drains a bounded queue of frames (batching writes before a
@@ -17,11 +17,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::rustls::ClientConfig;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::error::{Error, Result};
+use super::url::BrokerAddr;
 use crate::proto::commands;
 use crate::proto::frame::{Frame, PayloadFrame, PulsarCodec};
 use crate::proto::pulsar::base_command::Type;
@@ -79,24 +82,46 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Connection {
-    /// Connects, performs the CONNECT handshake and starts the tasks.
+    /// Connects (with a TLS handshake when `broker.tls`, using `tls`),
+    /// performs the CONNECT handshake and starts the tasks.
     pub(crate) async fn connect(
-        addr: &str,
+        broker: &BrokerAddr,
+        tls: Option<&Arc<ClientConfig>>,
         connect_timeout: Duration,
         op_timeout: Duration,
         keep_alive: Duration,
         token: Option<String>,
     ) -> Result<Connection> {
+        let shown = broker.to_string();
+        let addr = shown.as_str();
         let io_err = |source| Error::Io {
             addr: addr.to_owned(),
             source,
         };
-        let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
+        let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(&broker.addr))
             .await
             .map_err(|_| Error::Timeout(format!("connecting to {addr}")))?
             .map_err(io_err)?;
         let _ = stream.set_nodelay(true);
-        let (r, w) = stream.into_split();
+        let (r, w): (BoxRead, BoxWrite) = if broker.tls {
+            let config = tls.ok_or_else(|| Error::Tls {
+                addr: addr.to_owned(),
+                reason: "a pulsar+ssl:// broker URL but the client has no TLS settings \
+                         (use a pulsar+ssl:// service URL)"
+                    .into(),
+            })?;
+            let name = super::tls::server_name(broker.host())?;
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            let s = tokio::time::timeout(connect_timeout, connector.connect(name, stream))
+                .await
+                .map_err(|_| Error::Timeout(format!("TLS handshake with {addr}")))?
+                .map_err(|e| tls_error(addr, e))?;
+            let (r, w) = tokio::io::split(s);
+            (Box::new(r), Box::new(w))
+        } else {
+            let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        };
         let mut reader = FramedRead::new(r, PulsarCodec::default());
         let mut writer = FramedWrite::new(w, PulsarCodec::default());
         let handshake = async {
@@ -419,6 +444,32 @@ impl Connection {
             };
             let _ = w.send(result);
         }
+    }
+}
+
+type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
+type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// A failed TLS handshake: a certificate or protocol refusal is
+/// [`Error::Tls`] (with rustls' reason); a socket error stays [`Error::Io`].
+fn tls_error(addr: &str, e: std::io::Error) -> Error {
+    let tls_reason = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<tokio_rustls::rustls::Error>())
+        .map(ToString::to_string);
+    match tls_reason {
+        Some(reason) => Error::Tls {
+            addr: addr.to_owned(),
+            reason: format!("handshake refused: {reason}"),
+        },
+        None if e.kind() == std::io::ErrorKind::InvalidData => Error::Tls {
+            addr: addr.to_owned(),
+            reason: format!("handshake failed (is it a TLS port?): {e}"),
+        },
+        None => Error::Io {
+            addr: addr.to_owned(),
+            source: e,
+        },
     }
 }
 

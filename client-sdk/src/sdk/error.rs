@@ -18,6 +18,16 @@ pub enum Error {
     /// A feature this SDK does not support (for example `pulsar+ssl://`).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// TLS could not be set up: a trust file that does not load, or a
+    /// handshake refused (an untrusted certificate, a certificate that does
+    /// not name the host, a plaintext server). Not retried.
+    #[error("TLS with {addr}: {reason}")]
+    Tls {
+        /// The broker address (or the file) concerned.
+        addr: String,
+        /// What failed.
+        reason: String,
+    },
     /// TCP connect or socket I/O failed.
     #[error("I/O error talking to {addr}: {source}")]
     Io {

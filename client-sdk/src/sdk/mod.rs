@@ -13,4 +13,5 @@ pub mod message;
 pub mod pattern;
 pub mod producer;
 pub mod routing;
+pub(crate) mod tls;
 pub mod url;

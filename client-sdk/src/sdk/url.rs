@@ -1,36 +1,40 @@
-//! Service URL parsing: `pulsar://host[:port][,host2[:port]]...[/]`.
-//! Promises: every host has a port (default 6650); an empty host list, a bad
-//! port or an unknown scheme is [`Error::InvalidUrl`]; `pulsar+ssl://` is
-//! recognised and refused as [`Error::Unsupported`] (no TLS in this SDK yet).
+//! Service URL parsing: `pulsar://host[:port][,host2[:port]]...[/]` and
+//! the same with `pulsar+ssl://` (TLS).
+//! Promises: every host has a port (default 6650, or 6651 with TLS); an
+//! empty host list, a bad port or an unknown scheme is
+//! [`Error::InvalidUrl`].
 
 use super::error::{Error, Result};
 
 /// Default Pulsar binary-protocol port.
 pub const DEFAULT_PORT: u16 = 6650;
+/// Default Pulsar binary-protocol port over TLS.
+pub const DEFAULT_TLS_PORT: u16 = 6651;
 
 /// A parsed service URL: the hosts to try, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceUrl {
     /// `host:port` strings.
     pub hosts: Vec<String>,
+    /// `pulsar+ssl://`: every connection is TLS.
+    pub tls: bool,
 }
 
 impl ServiceUrl {
-    /// Parses a `pulsar://` service URL.
+    /// Parses a `pulsar://` or `pulsar+ssl://` service URL.
     pub fn parse(url: &str) -> Result<ServiceUrl> {
         let invalid = |reason: &str| Error::InvalidUrl {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
-        let rest = if let Some(rest) = url.strip_prefix("pulsar://") {
-            rest
-        } else if url.starts_with("pulsar+ssl://") {
-            return Err(Error::Unsupported(format!(
-                "TLS service URLs ({url}) are not supported by this SDK"
-            )));
+        let (rest, tls) = if let Some(rest) = url.strip_prefix("pulsar://") {
+            (rest, false)
+        } else if let Some(rest) = url.strip_prefix("pulsar+ssl://") {
+            (rest, true)
         } else {
-            return Err(invalid("the scheme must be pulsar://"));
+            return Err(invalid("the scheme must be pulsar:// or pulsar+ssl://"));
         };
+        let default_port = if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT };
         let rest = rest.trim_end_matches('/');
         if rest.contains('/') || rest.contains('?') {
             return Err(invalid("a service URL has no path or query"));
@@ -56,19 +60,51 @@ impl ServiceUrl {
                     .ok()
                     .filter(|p| *p != 0)
                     .ok_or_else(|| invalid("bad port"))?,
-                None => DEFAULT_PORT,
+                None => default_port,
             };
             hosts.push(format!("{host}:{port}"));
         }
-        Ok(ServiceUrl { hosts })
+        Ok(ServiceUrl { hosts, tls })
     }
 }
 
-/// `pulsar://host:port` (as in lookup answers) to `host:port`.
-pub fn broker_addr(url: &str) -> Result<String> {
+/// A broker to connect to: `host:port` and whether the connection is TLS.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BrokerAddr {
+    /// `host:port`.
+    pub addr: String,
+    /// Connect with TLS.
+    pub tls: bool,
+}
+
+impl BrokerAddr {
+    /// The host part of `addr` (without brackets for IPv6): what the
+    /// server certificate must name.
+    pub fn host(&self) -> &str {
+        let h = self
+            .addr
+            .rsplit_once(':')
+            .map_or(self.addr.as_str(), |(h, _)| h);
+        h.trim_start_matches('[').trim_end_matches(']')
+    }
+}
+
+impl std::fmt::Display for BrokerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.tls { "pulsar+ssl" } else { "pulsar" };
+        write!(f, "{scheme}://{}", self.addr)
+    }
+}
+
+/// `pulsar://host:port` or `pulsar+ssl://host:port` (as in lookup
+/// answers) to the broker to connect to.
+pub fn broker_addr(url: &str) -> Result<BrokerAddr> {
     let parsed = ServiceUrl::parse(url)?;
     match parsed.hosts.as_slice() {
-        [one] => Ok(one.clone()),
+        [one] => Ok(BrokerAddr {
+            addr: one.clone(),
+            tls: parsed.tls,
+        }),
         _ => Err(Error::InvalidUrl {
             url: url.to_owned(),
             reason: "a broker URL names exactly one host".to_owned(),
@@ -90,10 +126,21 @@ mod tests {
             ServiceUrl::parse("pulsar://a,b:7000/").unwrap().hosts,
             vec!["a:6650", "b:7000"]
         );
-        assert_eq!(
-            broker_addr("pulsar://127.0.0.1:1234").unwrap(),
-            "127.0.0.1:1234"
-        );
+        let b = broker_addr("pulsar://127.0.0.1:1234").unwrap();
+        assert_eq!((b.addr.as_str(), b.tls), ("127.0.0.1:1234", false));
+        assert_eq!(b.host(), "127.0.0.1");
+    }
+
+    #[test]
+    fn parses_tls_urls_with_their_default_port() {
+        let u = ServiceUrl::parse("pulsar+ssl://h1:7651,h2").unwrap();
+        assert_eq!(u.hosts, vec!["h1:7651", "h2:6651"]);
+        assert!(u.tls);
+        assert!(!ServiceUrl::parse("pulsar://h1").unwrap().tls);
+        let b = broker_addr("pulsar+ssl://[::1]:6651").unwrap();
+        assert!(b.tls);
+        assert_eq!(b.host(), "::1");
+        assert_eq!(b.to_string(), "pulsar+ssl://[::1]:6651");
     }
 
     #[test]
@@ -113,8 +160,8 @@ mod tests {
             );
         }
         assert!(matches!(
-            ServiceUrl::parse("pulsar+ssl://a:6651"),
-            Err(Error::Unsupported(_))
+            ServiceUrl::parse("pulsar+ssl://"),
+            Err(Error::InvalidUrl { .. })
         ));
         assert!(broker_addr("pulsar://a,b").is_err());
     }
