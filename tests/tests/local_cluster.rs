@@ -8,6 +8,9 @@
 //!   process; every metric named by `deploy/grafana/cms-dashboard.json` is
 //!   exposed by the brokers' or bookies' `/metrics` after that traffic;
 //!   `down` leaves none of the PIDs running;
+//! - bad arguments are refused before anything starts, and a process that
+//!   fails to start makes `up` print its log tail, stop what it started and
+//!   exit non-zero;
 //! - `scripts/bench-suite --quick --workloads W1` writes a JSON line with the
 //!   latency, rate and peak-RSS fields and prints the table.
 
@@ -432,4 +435,66 @@ async fn bench_suite_quick_w1_writes_a_json_line_with_the_fields() {
     assert!(r.stdout.contains("| W1 | 1/1 |"), "table:\n{}", r.stdout);
     // Nothing left behind: the suite removed its cluster directory.
     assert!(!r.stderr.contains("survived"), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_sh_refuses_bad_input_and_cleans_up_after_a_failed_start() {
+    let guard = Down(tempfile::tempdir().expect("temp dir"));
+    let dir = guard.0.path().join("c");
+    let dir_s = dir.to_str().expect("utf-8 temp path");
+
+    // Quorums larger than the bookies: refused before anything starts.
+    let r = cluster(&["up", dir_s, "--bookies", "2", "--ensemble", "3"]).await;
+    assert_ne!(r.code, Some(0));
+    assert!(
+        r.stderr.contains("ensemble (3) <= bookies (2)"),
+        "{}",
+        r.stderr
+    );
+    assert!(!dir.join("cluster.tsv").exists(), "nothing was started");
+    let r = cluster(&["up", dir_s, "--brokers", "x"]).await;
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("'x' is not a count"), "{}", r.stderr);
+    let r = cluster(&["status", dir_s]).await;
+    assert_ne!(r.code, Some(0), "status of no cluster fails");
+
+    // A broker that cannot start: up prints its log tail, stops the
+    // ZooKeeper and bookie it started, and fails.
+    let bad = guard.0.path().join("bad-broker.toml");
+    std::fs::write(&bad, "no_such_key = 1\n").expect("write config");
+    let r = cluster(&[
+        "up",
+        dir_s,
+        "--bookies",
+        "1",
+        "--brokers",
+        "1",
+        "--broker-config",
+        bad.to_str().expect("utf-8"),
+    ])
+    .await;
+    assert_ne!(r.code, Some(0), "up with a broken broker config must fail");
+    assert!(r.stderr.contains("broker1"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("no_such_key"),
+        "the log tail names the bad key: {}",
+        r.stderr
+    );
+    let tsv = std::fs::read_to_string(dir.join("cluster.tsv")).expect("cluster.tsv");
+    let lines = parse_status(&tsv);
+    assert_eq!(lines.len(), 3, "zk, bookie, broker were started: {tsv}");
+    let deadline = Instant::now() + GONE_TIMEOUT;
+    for l in &lines {
+        while alive(l.pid) {
+            assert!(
+                Instant::now() < deadline,
+                "{l:?} still running after the failed up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // A DIR holding a stopped cluster is refused too.
+    let r = cluster(&["up", dir_s]).await;
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("stopped cluster"), "{}", r.stderr);
 }
