@@ -1,4 +1,4 @@
-"""Reads a topic from the earliest message on a new subscription until a receive
+"""Reads a topic from the earliest message on a subscription until a receive
 times out (at most --max messages) and counts the distinct 8-byte send stamps
 that `cms-perf end-to-end` puts at the start of every payload: the benchmark
 suite's W6 loss check (messages read back vs. sends acknowledged; the distinct
@@ -11,6 +11,9 @@ import common
 p = common.parser(__doc__)
 p.add_argument("--sub", default="distinct-stamps")
 p.add_argument("--max", type=int, default=10_000_000)
+p.add_argument("--subscribe-only", action="store_true",
+               help="create the durable subscription and exit: run before publishing, "
+                    "so it holds every message (acknowledged ledgers are trimmed otherwise)")
 args = p.parse_args()
 
 client = common.client(args)
@@ -20,6 +23,9 @@ try:
         args.sub,
         initial_position=pulsar.InitialPosition.Earliest,
     )
+    if args.subscribe_only:
+        consumer.close()
+        common.done({"subscribed": args.sub})
     stamps = set()
     received = 0
     while received < args.max:
