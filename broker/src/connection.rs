@@ -500,11 +500,15 @@ impl Conn {
             self.held = None;
         }
         let wait = crate::quota_io::pay(&mut self.owed);
-        self.throttle_until = match (wait, &self.held) {
-            (Some(w), _) => Some(Instant::now() + w.max(Duration::from_millis(1))),
-            (None, Some(_)) => Some(Instant::now() + Duration::from_millis(HOLD_RECHECK_MS)),
+        let pause = match (wait, &self.held) {
+            (Some(w), _) => Some(w.max(Duration::from_millis(1))),
+            (None, Some(_)) => Some(Duration::from_millis(HOLD_RECHECK_MS)),
             (None, None) => None,
         };
+        self.state
+            .metrics
+            .record_throttle(self.throttle_until.is_some(), pause);
+        self.throttle_until = pause.map(|p| Instant::now() + p);
     }
 
     /// Producers plus consumers on this connection.

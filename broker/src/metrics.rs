@@ -1,13 +1,16 @@
 //! The broker's Prometheus metrics (served on `/metrics`): connections,
 //! producers, consumers, messages and bytes in and out, publish latency,
-//! topics loaded, connections closed for bad input.
+//! topics loaded, connections closed for bad input, publish throttling by
+//! tenant / namespace quotas.
 //!
 //! Promise: every metric is registered once in the process registry at
 //! start; updating one never blocks or allocates per call. Per-topic series
 //! (labels tenant / namespace / topic) are in [`crate::topic_metrics`];
 //! admin requests are counted by [`crate::admin`].
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
+use std::time::Duration;
+
+use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
 
 /// Every broker metric.
 #[derive(Debug, Clone)]
@@ -22,6 +25,12 @@ pub struct BrokerMetrics {
     pub connections_bad_input: IntCounter,
     /// Producers and consumers refused by a quota or a count policy.
     pub quota_refusals: IntCounter,
+    /// Times a connection stopped reading because of a publish-rate quota or
+    /// a backlog hold (counted when a pause starts, not per recheck).
+    pub publish_throttles: IntCounter,
+    /// Seconds connections spent paused by those quotas, summed over
+    /// connections.
+    pub publish_throttled_seconds: Counter,
     /// Connected producers.
     pub producers: IntGauge,
     /// Connected consumers.
@@ -89,6 +98,22 @@ impl BrokerMetrics {
                     "Producers and consumers refused by a tenant / namespace quota or count policy",
                 )?,
             )?,
+            publish_throttles: reg(
+                r,
+                counter(
+                    "cms_broker_publish_throttles_total",
+                    "Times a connection's reads were paused by a publish-rate quota or a backlog \
+                     hold",
+                )?,
+            )?,
+            publish_throttled_seconds: reg(
+                r,
+                Counter::with_opts(Opts::new(
+                    "cms_broker_publish_throttled_seconds_total",
+                    "Seconds connections spent paused by a publish-rate quota or a backlog hold, \
+                     summed over connections",
+                ))?,
+            )?,
             producers: reg(r, gauge("cms_broker_producers", "Connected producers")?)?,
             consumers: reg(r, gauge("cms_broker_consumers", "Connected consumers")?)?,
             messages_in: reg(
@@ -141,6 +166,20 @@ impl BrokerMetrics {
     }
 }
 
+impl BrokerMetrics {
+    /// Records one throttle decision of a connection: it was `was_paused`
+    /// and now pauses for `pause` (None: reads again). A pause that starts
+    /// counts once; every pause's length adds to the seconds.
+    pub fn record_throttle(&self, was_paused: bool, pause: Option<Duration>) {
+        if let Some(p) = pause {
+            if !was_paused {
+                self.publish_throttles.inc();
+            }
+            self.publish_throttled_seconds.inc_by(p.as_secs_f64());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,7 +196,27 @@ mod tests {
         let text = String::from_utf8(buf).unwrap();
         assert!(text.contains("cms_broker_connections 1"), "{text}");
         assert!(text.contains("cms_broker_publish_latency_seconds_bucket"));
+        assert!(
+            text.contains("cms_broker_publish_throttles_total 0"),
+            "{text}"
+        );
         // Registering twice in one registry is refused, not silently doubled.
         assert!(BrokerMetrics::new(&r).is_err());
+    }
+
+    #[test]
+    fn a_throttle_counts_once_per_pause_and_sums_its_length() {
+        let r = Registry::new();
+        let m = BrokerMetrics::new(&r).unwrap();
+        m.record_throttle(false, None);
+        assert_eq!(m.publish_throttles.get(), 0);
+        m.record_throttle(false, Some(Duration::from_millis(100)));
+        m.record_throttle(true, Some(Duration::from_millis(50)));
+        assert_eq!(m.publish_throttles.get(), 1);
+        m.record_throttle(true, None);
+        m.record_throttle(false, Some(Duration::from_millis(10)));
+        assert_eq!(m.publish_throttles.get(), 2);
+        let secs = m.publish_throttled_seconds.get();
+        assert!((secs - 0.16).abs() < 1e-9, "{secs}");
     }
 }
