@@ -138,6 +138,13 @@ pub struct BrokerConfig {
     /// Period of each topic's background work (cursor snapshots, trimming), in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub topic_tick_interval_ms: u64,
+    /// `/metrics` exports per-topic and per-subscription series (labels
+    /// tenant, namespace, topic[, subscription]). Off: the same names summed
+    /// per namespace (labels tenant, namespace), so the series count follows
+    /// the namespaces, not the topics (Pulsar's
+    /// `exposeTopicLevelMetricsInPrometheus`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_topic_level: bool,
     /// Producer de-duplication on topics whose namespace policy does not
     /// say (Pulsar's `brokerDeduplicationEnabled`).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]

@@ -726,6 +726,9 @@ async fn forward(
                     tokio::time::sleep(w.max(std::time::Duration::from_millis(1))).await;
                 }
                 state.metrics.messages_out.inc_by(msgs);
+                if redelivery_count > 0 {
+                    state.metrics.messages_redelivered.inc_by(msgs);
+                }
                 state
                     .metrics
                     .bytes_out

@@ -1,5 +1,5 @@
 //! The broker's Prometheus metrics (served on `/metrics`): connections,
-//! producers, consumers, messages and bytes in and out, publish latency,
+//! producers, consumers, messages and bytes in and out, redeliveries, publish latency,
 //! topics loaded, connections closed for bad input, publish throttling by
 //! tenant / namespace quotas.
 //!
@@ -43,6 +43,9 @@ pub struct BrokerMetrics {
     pub messages_out: IntCounter,
     /// Entry bytes dispatched to consumers.
     pub bytes_out: IntCounter,
+    /// Messages dispatched again after a negative acknowledgement, an ack
+    /// timeout or a consumer's departure (part of `messages_out`).
+    pub messages_redelivered: IntCounter,
     /// From SEND received to SEND_RECEIPT queued, in seconds.
     pub publish_latency: Histogram,
     /// Topics loaded (managed ledger open, or non-persistent in use).
@@ -137,6 +140,14 @@ impl BrokerMetrics {
             bytes_out: reg(
                 r,
                 counter("cms_broker_bytes_out_total", "Entry bytes dispatched")?,
+            )?,
+            messages_redelivered: reg(
+                r,
+                counter(
+                    "cms_broker_messages_redelivered_total",
+                    "Messages dispatched again (redelivery count above 0); included in \
+                     messages_out_total",
+                )?,
             )?,
             publish_latency: reg(
                 r,

@@ -207,6 +207,14 @@ pub async fn run(
             })
         })?
         .map(Arc::new);
+    // Every metadata call of this broker (ownership, policies, ledger
+    // metadata through the ledger client) is timed: cms_metadata_store_*.
+    let registry = prometheus::Registry::new();
+    let store = cms_bookie::metadata::metered::MeteredStore::wrap(
+        store,
+        cms_bookie::metadata::metered::StoreMetrics::new(&registry)
+            .map_err(|e| BrokerError::Io(e.to_string()))?,
+    );
     let cluster = read_cluster(&*store, &layout).await.map_err(|e| {
         BrokerError::Metadata(format!(
             "{e} (run `cms-broker init-cluster` against this store first)"
@@ -285,7 +293,14 @@ pub async fn run(
     let http_url_tls = addr_of(&https_listener)?
         .map(|a| format!("https://{}:{}", config.advertised_host(a), a.port()));
 
-    let client = LedgerClient::connect(store.clone(), layout.clone(), ledger_client_options())
+    let client_options = LedgerClientOptions {
+        metrics: Some(
+            cms_bookie::client::driver::metrics::ClientMetrics::new(&registry)
+                .map_err(|e| BrokerError::Io(e.to_string()))?,
+        ),
+        ..ledger_client_options()
+    };
+    let client = LedgerClient::connect(store.clone(), layout.clone(), client_options)
         .await
         .map_err(|e| BrokerError::Ledger(e.to_string()))?;
 
@@ -321,7 +336,6 @@ pub async fn run(
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(0);
 
-    let registry = prometheus::Registry::new();
     let metrics = BrokerMetrics::new(&registry).map_err(|e| BrokerError::Io(e.to_string()))?;
     let replication = config.replication(mode);
     let ml_config = ManagedLedgerConfig {
@@ -350,7 +364,7 @@ pub async fn run(
     });
     registry
         .register(Box::new(
-            crate::topic_metrics::TopicCollector::new(topics.clone())
+            crate::topic_metrics::TopicCollector::new(topics.clone(), config.metrics_topic_level)
                 .map_err(|e| BrokerError::Io(e.to_string()))?,
         ))
         .map_err(|e| BrokerError::Io(e.to_string()))?;

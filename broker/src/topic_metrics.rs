@@ -3,8 +3,14 @@
 //! topics loaded on this broker: stored bytes and entries, producers, and
 //! per subscription the backlog (entries), unacked messages and consumers.
 //!
+//! With `metrics_topic_level` off the same names are summed per namespace
+//! (labels tenant, namespace only; the subscription series become the sums
+//! over the namespace's subscriptions), as Pulsar does without
+//! `exposeTopicLevelMetricsInPrometheus`.
+//!
 //! Promises: cardinality is bounded by `topics_loaded_max` (only loaded
-//! topics are reported, a topic's series disappear when it unloads); a
+//! topics are reported, a topic's series disappear when it unloads), or by
+//! the namespaces with a loaded topic when topic level is off; a
 //! scrape never waits on a topic: a subscription set busy at that instant is
 //! skipped for that scrape (it is reported on the next one).
 
@@ -18,10 +24,14 @@ use crate::topics::Topics;
 
 const TOPIC_LABELS: [&str; 3] = ["tenant", "namespace", "topic"];
 const SUB_LABELS: [&str; 4] = ["tenant", "namespace", "topic", "subscription"];
+const NS_LABELS: [&str; 2] = ["tenant", "namespace"];
 
 /// The collector; register it once in the broker's registry.
 pub struct TopicCollector {
     topics: Arc<Topics>,
+    topic_level: bool,
+    /// One scrape at a time: a scrape resets the series and adds to them.
+    scrape: std::sync::Mutex<()>,
     storage_bytes: IntGaugeVec,
     entries: IntGaugeVec,
     producers: IntGaugeVec,
@@ -38,40 +48,46 @@ impl std::fmt::Debug for TopicCollector {
 }
 
 impl TopicCollector {
-    /// A collector over `topics`.
-    pub fn new(topics: Arc<Topics>) -> Result<Self, prometheus::Error> {
+    /// A collector over `topics`; per topic and subscription when
+    /// `topic_level`, else per namespace.
+    pub fn new(topics: Arc<Topics>, topic_level: bool) -> Result<Self, prometheus::Error> {
+        let (topic_labels, sub_labels): (&[&str], &[&str]) = if topic_level {
+            (&TOPIC_LABELS, &SUB_LABELS)
+        } else {
+            (&NS_LABELS, &NS_LABELS)
+        };
         let g = |name: &str, help: &str, labels: &[&str]| {
             IntGaugeVec::new(Opts::new(name, help), labels)
         };
         let storage_bytes = g(
             "cms_topic_storage_bytes",
             "Payload bytes stored in the topic's ledgers",
-            &TOPIC_LABELS,
+            topic_labels,
         )?;
         let entries = g(
             "cms_topic_entries",
             "Entries stored in the topic's ledgers",
-            &TOPIC_LABELS,
+            topic_labels,
         )?;
         let producers = g(
             "cms_topic_producers",
             "Producers connected to the topic",
-            &TOPIC_LABELS,
+            topic_labels,
         )?;
         let backlog = g(
             "cms_subscription_backlog_entries",
             "Unacknowledged entries after the subscription's mark-delete",
-            &SUB_LABELS,
+            sub_labels,
         )?;
         let unacked = g(
             "cms_subscription_unacked_messages",
             "Messages delivered and not acknowledged",
-            &SUB_LABELS,
+            sub_labels,
         )?;
         let consumers = g(
             "cms_subscription_consumers",
             "Consumers attached to the subscription",
-            &SUB_LABELS,
+            sub_labels,
         )?;
         let descs = [
             &storage_bytes,
@@ -86,6 +102,8 @@ impl TopicCollector {
         .collect();
         Ok(Self {
             topics,
+            topic_level,
+            scrape: std::sync::Mutex::new(()),
             storage_bytes,
             entries,
             producers,
@@ -103,6 +121,10 @@ impl Collector for TopicCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
+        let _one_scrape = self
+            .scrape
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for v in [
             &self.storage_bytes,
             &self.entries,
@@ -118,37 +140,44 @@ impl Collector for TopicCollector {
                 continue;
             };
             let topic = name.to_string();
-            let labels = [
-                name.tenant.as_str(),
-                name.namespace.as_str(),
-                topic.as_str(),
-            ];
+            let labels: &[&str] = if self.topic_level {
+                &[
+                    name.tenant.as_str(),
+                    name.namespace.as_str(),
+                    topic.as_str(),
+                ]
+            } else {
+                &[name.tenant.as_str(), name.namespace.as_str()]
+            };
             let list = t.ml.ledgers();
             let to_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            // `add`, not `set`: per namespace, every topic adds its share
+            // (per topic, each series is added to once after the reset).
             self.storage_bytes
-                .with_label_values(&labels)
-                .set(to_i64(list.total_size_bytes()));
+                .with_label_values(labels)
+                .add(to_i64(list.total_size_bytes()));
             self.entries
-                .with_label_values(&labels)
-                .set(to_i64(list.total_entries()));
+                .with_label_values(labels)
+                .add(to_i64(list.total_entries()));
             self.producers
-                .with_label_values(&labels)
-                .set(i64::try_from(t.producer_count()).unwrap_or(i64::MAX));
+                .with_label_values(labels)
+                .add(i64::try_from(t.producer_count()).unwrap_or(i64::MAX));
             let Some(subs) = t.subscriptions.try_open_now() else {
                 continue;
             };
             for sub in subs {
                 let st = sub.stats();
-                let l = [labels[0], labels[1], labels[2], st.name.as_str()];
+                let topic_sub = [labels[0], labels[1], topic.as_str(), st.name.as_str()];
+                let l: &[&str] = if self.topic_level { &topic_sub } else { labels };
                 self.backlog
-                    .with_label_values(&l)
-                    .set(to_i64(st.msg_backlog));
+                    .with_label_values(l)
+                    .add(to_i64(st.msg_backlog));
                 self.unacked
-                    .with_label_values(&l)
-                    .set(to_i64(st.dispatcher.unacked_messages));
+                    .with_label_values(l)
+                    .add(to_i64(st.dispatcher.unacked_messages));
                 self.consumers
-                    .with_label_values(&l)
-                    .set(i64::try_from(st.dispatcher.consumers.len()).unwrap_or(i64::MAX));
+                    .with_label_values(l)
+                    .add(i64::try_from(st.dispatcher.consumers.len()).unwrap_or(i64::MAX));
             }
         }
         [

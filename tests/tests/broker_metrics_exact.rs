@@ -5,7 +5,10 @@
 //! out = N + K, bytes in = N·E and out = (N + K)·E (E: the size of one entry,
 //! every entry the same size here), the publish-latency histogram's count =
 //! N, one producer and one consumer, the topic's N entries, the
-//! subscription's backlog of N − M entries and K unacknowledged messages.
+//! subscription's backlog of N − M entries and K unacknowledged messages,
+//! K redeliveries, the ledger client's and the metadata store's latency
+//! histograms filled. A second test turns the topic level off and checks the
+//! per-namespace sums and that no series carries a topic label.
 
 use std::time::Duration;
 
@@ -110,6 +113,23 @@ async fn metrics_report_a_known_workload_exactly() {
         |name: &str| sample(&text, name, &[]).unwrap_or_else(|| panic!("{name} missing:\n{text}"));
     assert_eq!(get("cms_broker_messages_in_total"), N as f64);
     assert_eq!(get("cms_broker_messages_out_total"), (N + K) as f64);
+    assert_eq!(get("cms_broker_messages_redelivered_total"), K as f64);
+    // Every entry of the topic went through the ledger client (cursor
+    // updates do too, so at least N adds), and the broker used the store.
+    assert!(get("cms_ledger_client_add_seconds_count") >= N as f64);
+    assert_eq!(
+        sample(&text, "cms_ledger_client_errors_total", &["op=\"add\""]).unwrap_or(0.0),
+        0.0
+    );
+    assert!(
+        sample(
+            &text,
+            "cms_metadata_store_op_seconds_count",
+            &["op=\"create\""]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "no metadata-store create measured:\n{text}"
+    );
     let bytes_in = get("cms_broker_bytes_in_total");
     let entry = bytes_in / N as f64;
     assert_eq!(entry.fract(), 0.0, "entries of unequal size: {bytes_in}");
@@ -138,4 +158,60 @@ async fn metrics_report_a_known_workload_exactly() {
         Some(K as f64)
     );
     producer.close().await.expect("close producer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_level_off_sums_per_namespace() {
+    let broker = BrokerNode::start_standalone(&["--metrics-topic-level=false"]).await;
+    let client = Client::new(broker.service_url()).expect("client");
+    let mut producers = Vec::new();
+    let mut consumers = Vec::new();
+    for name in ["ns-sum-a", "ns-sum-b"] {
+        let topic = format!("persistent://public/default/{name}");
+        consumers.push(
+            client
+                .consumer(&topic, "s")
+                .subscribe()
+                .await
+                .expect("subscribe"),
+        );
+        let p = client
+            .producer(&topic)
+            .batching(false)
+            .create()
+            .await
+            .expect("producer");
+        for _ in 0..3 {
+            p.send_async(b"x".to_vec())
+                .await
+                .expect("send")
+                .await
+                .expect("receipt");
+        }
+        producers.push(p);
+    }
+    let ns = ["tenant=\"public\"", "namespace=\"default\""];
+    let settled = cms_tests::harness::wait::within(10_000, || async {
+        let t = scrape(&broker).await;
+        sample(&t, "cms_topic_entries", &ns) == Some(6.0)
+            && sample(&t, "cms_subscription_backlog_entries", &ns) == Some(6.0)
+    })
+    .await;
+    let text = scrape(&broker).await;
+    assert!(settled.is_some(), "namespace sums never reached 6:\n{text}");
+    assert_eq!(sample(&text, "cms_topic_producers", &ns), Some(2.0));
+    assert_eq!(sample(&text, "cms_subscription_consumers", &ns), Some(2.0));
+    let labelled: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("cms_topic_") || l.starts_with("cms_subscription_"))
+        .filter(|l| l.contains("topic=") || l.contains("subscription="))
+        .collect();
+    assert!(
+        labelled.is_empty(),
+        "per-topic series with topic level off: {labelled:?}"
+    );
+    for p in producers {
+        p.close().await.expect("close producer");
+    }
+    drop(consumers);
 }

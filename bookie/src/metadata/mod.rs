@@ -49,6 +49,7 @@ use tokio::sync::{mpsc, watch};
 pub mod connect;
 pub mod embedded;
 pub mod layout;
+pub mod metered;
 pub mod zk;
 
 /// Largest node payload either backend accepts, in bytes. ZooKeeper's default

@@ -19,6 +19,7 @@
 //!   `<root>/underreplicated/<same suffix as the ledger node>` (persistent,
 //!   idempotent) for autorecovery.
 
+pub mod metrics;
 pub mod placement;
 mod read;
 pub(crate) mod registry;
@@ -80,6 +81,8 @@ pub struct LedgerClientOptions {
     /// Bookie id → `host:port` that wins over the registered endpoint (tests
     /// route a bookie through the chaos proxy with it).
     pub endpoint_overrides: HashMap<BookieId, String>,
+    /// Add and read latency histograms (none: not measured).
+    pub metrics: Option<metrics::ClientMetrics>,
 }
 
 impl Default for LedgerClientOptions {
@@ -98,6 +101,7 @@ impl Default for LedgerClientOptions {
             read_parallelism_max: 64,
             recovery_attempts_max: 3,
             endpoint_overrides: HashMap::new(),
+            metrics: None,
         }
     }
 }

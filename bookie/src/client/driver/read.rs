@@ -223,13 +223,18 @@ impl ReadHandle {
             .reader
             .read(last)
             .map_err(LedgerError::Read)?;
+        let started = std::time::Instant::now();
         let parallel = self.inner.options.read_parallelism_max.max(1);
         let results: Vec<Result<LedgerEntry, LedgerError>> = futures::stream::iter(first..=last)
             .map(|e| self.read_entry_retrying(e))
             .buffered(parallel)
             .collect()
             .await;
-        results.into_iter().collect()
+        let r: Result<Vec<LedgerEntry>, LedgerError> = results.into_iter().collect();
+        if let Some(m) = &self.inner.options.metrics {
+            m.read_done(started, r.is_ok());
+        }
+        r
     }
 
     async fn read_entry_retrying(&self, entry_id: EntryId) -> Result<LedgerEntry, LedgerError> {

@@ -59,15 +59,20 @@ enum Event {
 #[derive(Debug)]
 pub struct PendingAdd {
     rx: oneshot::Receiver<Result<EntryId, LedgerError>>,
+    /// When the add was submitted, and where its latency goes.
+    measured: Option<(Instant, super::metrics::ClientMetrics)>,
 }
 
 impl Future for PendingAdd {
     type Output = Result<EntryId, LedgerError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx)
-            .poll(cx)
-            .map(|r| r.unwrap_or(Err(LedgerError::HandleClosed)))
+        let r = std::task::ready!(Pin::new(&mut self.rx).poll(cx))
+            .unwrap_or(Err(LedgerError::HandleClosed));
+        if let Some((started, m)) = self.measured.take() {
+            m.add_done(started, r.is_ok());
+        }
+        Poll::Ready(r)
     }
 }
 
@@ -78,6 +83,7 @@ pub struct WriteHandle {
     ledger_id: u64,
     tx: mpsc::Sender<Cmd>,
     lac: Arc<AtomicI64>,
+    metrics: Option<super::metrics::ClientMetrics>,
 }
 
 impl std::fmt::Debug for Cmd {
@@ -103,6 +109,7 @@ impl WriteHandle {
             .saturating_mul(4)
             .max(64);
         let (ev_tx, ev_rx) = mpsc::channel(feedback_events_max);
+        let metrics = inner.options.metrics.clone();
         let task = Task {
             key: writer.master_key().clone(),
             inner,
@@ -120,7 +127,12 @@ impl WriteHandle {
             last_tick_ms: u64::MAX,
         };
         tokio::spawn(task.run(rx, ev_rx));
-        Ok(WriteHandle { ledger_id, tx, lac })
+        Ok(WriteHandle {
+            ledger_id,
+            tx,
+            lac,
+            metrics,
+        })
     }
 
     /// The ledger.
@@ -140,12 +152,13 @@ impl WriteHandle {
         &self,
         payload: impl Into<Bytes>,
     ) -> Result<PendingAdd, LedgerError> {
+        let measured = self.metrics.clone().map(|m| (Instant::now(), m));
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Cmd::Add(payload.into(), tx))
             .await
             .map_err(|_| LedgerError::HandleClosed)?;
-        Ok(PendingAdd { rx })
+        Ok(PendingAdd { rx, measured })
     }
 
     /// Appends `payload` and waits until it is durable on an ack quorum;
