@@ -272,7 +272,7 @@ pub enum Namespaces {
         /// Namespace TENANT/NS
         namespace: String,
         /// Number of bundles (hash ranges spread over brokers) [default: the broker's]
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
         bundles: Option<u32>,
     },
     /// List a tenant's namespaces
@@ -320,11 +320,38 @@ pub enum Namespaces {
         /// The policy
         policy: Policy,
     },
-    /// Show the namespace's bundles (set at creation with --bundles)
+    /// Show the namespace's bundles (boundaries and count, as stored now)
     #[command(after_help = "Example:\n  cms-admin namespaces bundles acme/orders")]
     Bundles {
         /// Namespace TENANT/NS
         namespace: String,
+    },
+    /// Split one bundle in two at the middle of its hash range (its owner
+    /// does it; topics keep being served)
+    #[command(after_help = "Examples:
+  cms-admin namespaces split-bundle acme/orders --bundle 0x00000000_0x40000000
+  cms-admin namespaces split-bundle acme/orders --bundle 0x00000000_0x40000000 --unload")]
+    SplitBundle {
+        /// Namespace TENANT/NS
+        namespace: String,
+        /// The bundle, as `namespaces bundles` / `brokers ownership` name it
+        #[arg(long)]
+        bundle: String,
+        /// Unload both halves afterwards (the next lookups place them again)
+        #[arg(long)]
+        unload: bool,
+    },
+    /// Unload a namespace (every bundle) or one bundle: its topics close on
+    /// their broker and clients reconnect after a new lookup
+    #[command(after_help = "Examples:
+  cms-admin namespaces unload acme/orders
+  cms-admin namespaces unload acme/orders --bundle 0x40000000_0x80000000")]
+    Unload {
+        /// Namespace TENANT/NS
+        namespace: String,
+        /// Only this bundle
+        #[arg(long)]
+        bundle: Option<String>,
     },
     /// Keep acknowledged messages for a time and/or a size (-1 = unlimited)
     #[command(

@@ -283,11 +283,35 @@ fn namespaces(ctx: &Ctx, c: Namespaces) -> AdminResult<Shown> {
         }
         Namespaces::Bundles { namespace } => {
             let (t, n) = parse_ns(&namespace)?;
-            let p = a.get(&ns_path(&t, &n))?;
             shown(
-                p.get("bundles").cloned().unwrap_or(Value::Null),
+                a.get(&format!("{}/bundles", ns_path(&t, &n)))?,
                 View::Object,
             )
+        }
+        Namespaces::SplitBundle {
+            namespace,
+            bundle,
+            unload,
+        } => {
+            let (t, n) = parse_ns(&namespace)?;
+            a.put(
+                &format!("{}/{}/split?unload={unload}", ns_path(&t, &n), seg(&bundle)),
+                None,
+            )?;
+            done(format!("bundle {bundle} of {t}/{n} split"))
+        }
+        Namespaces::Unload { namespace, bundle } => {
+            let (t, n) = parse_ns(&namespace)?;
+            match bundle {
+                Some(b) => {
+                    a.put(&format!("{}/{}/unload", ns_path(&t, &n), seg(&b)), None)?;
+                    done(format!("bundle {b} of {t}/{n} unloaded"))
+                }
+                None => {
+                    a.put(&format!("{}/unload", ns_path(&t, &n)), None)?;
+                    done(format!("namespace {t}/{n} unloaded"))
+                }
+            }
         }
         Namespaces::SetRetention {
             namespace,

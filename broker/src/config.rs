@@ -45,6 +45,18 @@ pub struct BrokerConfig {
     /// Period of the broker's load report in `/cms/brokers/<id>`, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub load_report_interval_ms: u64,
+    /// Automatic bundle split: a bundle whose owner serves more loaded
+    /// topics than this is split in two (Pulsar's
+    /// `loadBalancerNamespaceBundleMaxTopics`); 0 = never split automatically.
+    #[arg(long, default_value_t = 1000)]
+    pub bundle_split_topics_max: u64,
+    /// How often each broker checks its bundles' topic counts, in milliseconds.
+    #[arg(long, default_value_t = 60000)]
+    pub bundle_split_check_interval_ms: u64,
+    /// Automatic split stops when a namespace has this many bundles (Pulsar's
+    /// `loadBalancerNamespaceMaximumBundles`); admin splits go up to 1024.
+    #[arg(long, default_value_t = 128)]
+    pub bundle_split_bundles_max: u32,
 
     /// Pulsar binary protocol listen address; empty = plaintext off (only
     /// with `broker_tls_bind`).
@@ -324,6 +336,15 @@ impl BrokerConfig {
                 format!(
                     "need ensemble_size >= write_quorum >= ack_quorum >= 1, got {}/{}/{}",
                     r.ensemble, r.write_quorum, r.ack_quorum
+                ),
+            ));
+        }
+        if !(2..=crate::ownership::bundles::BUNDLES_MAX).contains(&self.bundle_split_bundles_max) {
+            return Err(invalid(
+                "bundle_split_bundles_max",
+                format!(
+                    "must be within 2..={}",
+                    crate::ownership::bundles::BUNDLES_MAX
                 ),
             ));
         }

@@ -94,8 +94,11 @@ pub fn ownership_error_reply(e: &OwnershipError) -> ErrorReply {
         OwnershipError::BadPolicy { .. } | OwnershipError::Metadata(_) => {
             (ServerError::MetadataError, e.to_string())
         }
-        // Retryable; "is being unloaded" keeps the connection (G7).
-        OwnershipError::Unavailable(_) => (ServerError::ServiceNotReady, e.to_string()),
+        // Retryable; "is being unloaded" keeps the connection (G7). A
+        // lookup never splits, but a bundle it chose can be split meanwhile.
+        OwnershipError::Unavailable(_)
+        | OwnershipError::NoBundle(_)
+        | OwnershipError::Refused(_) => (ServerError::ServiceNotReady, e.to_string()),
     }
 }
 

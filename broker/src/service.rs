@@ -386,6 +386,9 @@ pub async fn run(
                     n.min(config.metadata_session_timeout_ms)
                 }),
             load_report_interval_ms: config.load_report_interval_ms,
+            split_topics_max: config.bundle_split_topics_max,
+            split_check_interval_ms: config.bundle_split_check_interval_ms,
+            split_bundles_max: config.bundle_split_bundles_max,
         },
         store.clone(),
         layout.clone(),

@@ -106,6 +106,73 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
     admin(u, &["brokers", "ownership", "acme/none"])
         .await
         .fails(EXIT_NOT_FOUND, "acme/none");
+    // Split one bundle, unload one bundle and the namespace.
+    let owned = admin(u, &["brokers", "ownership", "acme/orders", "-o", "json"])
+        .await
+        .json();
+    let first = owned[0]["bundle"]
+        .as_str()
+        .expect("bundle name")
+        .to_string();
+    admin(
+        u,
+        &[
+            "namespaces",
+            "split-bundle",
+            "acme/orders",
+            "--bundle",
+            &first,
+        ],
+    )
+    .await
+    .ok();
+    let b = admin(u, &["namespaces", "bundles", "acme/orders", "-o", "json"])
+        .await
+        .json();
+    assert_eq!(b["numBundles"], 5, "{b}");
+    assert_eq!(b["boundaries"][1], "0x20000000", "{b}");
+    admin(
+        u,
+        &[
+            "namespaces",
+            "split-bundle",
+            "acme/orders",
+            "--bundle",
+            &first,
+        ],
+    )
+    .await
+    .fails(EXIT_NOT_FOUND, "not a bundle");
+    admin(
+        u,
+        &[
+            "namespaces",
+            "split-bundle",
+            "acme/orders",
+            "--bundle",
+            "nonsense",
+        ],
+    )
+    .await
+    .fails(EXIT_REFUSED, "nonsense");
+    admin(
+        u,
+        &[
+            "namespaces",
+            "unload",
+            "acme/orders",
+            "--bundle",
+            "0x20000000_0x40000000",
+        ],
+    )
+    .await
+    .ok();
+    admin(u, &["namespaces", "unload", "acme/orders"])
+        .await
+        .ok();
+    admin(u, &["namespaces", "unload", "acme/none"])
+        .await
+        .fails(EXIT_NOT_FOUND, "acme/none");
     let ns = "acme/orders";
     for args in [
         vec![

@@ -14,7 +14,11 @@
 //!   clients move with no error and no loss;
 //! - an owner cut off from ZooKeeper (chaos proxy, P0-5) stops
 //!   acknowledging before its session can expire and another broker takes
-//!   over; one gap-free history.
+//!   over; one gap-free history;
+//! - bundles split automatically past a topic count and by admin request
+//!   (307 to the owner), and bundle and namespace unloads (forwarded to the
+//!   other owner) move topics, all under live producers: no client error,
+//!   no loss.
 //!
 //! Debugging aids: `OWN_DEBUG=1` prints the survivor's log and the
 //! producer's stderr in the kill test; `OWN_CLIENT_LOG=1` makes the Python
@@ -41,11 +45,16 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`Cluster::start`], both brokers with `extra` arguments.
+    async fn start_with(extra: &[&str]) -> Cluster {
         let zk = ZooKeeper::start().await;
         let zks = zk.connect_string();
         let bookies = start_bookies(&zks, 3).await;
-        let a = BrokerNode::start_cluster("broker-a", &zks, &[]).await;
-        let mut process = BrokerNode::cluster_builder("broker-b", &zks, &[]).spawn();
+        let a = BrokerNode::start_cluster("broker-a", &zks, extra).await;
+        let mut process = BrokerNode::cluster_builder("broker-b", &zks, extra).spawn();
         let http = process.addr("http");
         process.wait_ready(http).await;
         let b = BrokerNode { process };
@@ -724,4 +733,242 @@ async fn an_owner_cut_off_from_zookeeper_stops_acknowledging_before_another_take
     assert!(ok, "consumer failed: {cjson} {cerr}");
     check_history(&pairs(&plines, "ACK"), &pairs(&clines, "REC"));
     drop(proxy);
+}
+
+/// A JSON admin call with a 30 s bound; `follow`: follow 307 redirects.
+async fn admin(
+    http: std::net::SocketAddr,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&str>,
+    follow: bool,
+) -> (u16, serde_json::Value, Option<String>) {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(if follow {
+            reqwest::redirect::Policy::limited(3)
+        } else {
+            reqwest::redirect::Policy::none()
+        })
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("HTTP client");
+    let mut req = client.request(method.clone(), format!("http://{http}{path}"));
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let resp = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let status = resp.status().as_u16();
+    let location = resp
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        location,
+    )
+}
+
+/// The stored bundle layout of `public/split`.
+async fn split_layout(http: std::net::SocketAddr) -> cms_broker::ownership::bundles::Bundles {
+    let (status, v, _) = admin(
+        http,
+        reqwest::Method::GET,
+        "/admin/v2/namespaces/public/split/bundles",
+        None,
+        true,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let b: Vec<String> = serde_json::from_value(v["boundaries"].clone()).expect("boundaries");
+    let layout = cms_broker::ownership::bundles::Bundles::from_policy(Some(&b), None)
+        .unwrap_or_else(|e| panic!("layout {v}: {e}"));
+    assert_eq!(v["numBundles"], layout.ranges().len(), "{v}");
+    layout
+}
+
+/// The most topics of `topics` in one bundle of `layout`, and that bundle.
+fn fullest(
+    layout: &cms_broker::ownership::bundles::Bundles,
+    topics: &[String],
+) -> (usize, cms_broker::ownership::bundles::BundleRange) {
+    let mut counts: HashMap<_, usize> = HashMap::new();
+    for t in topics {
+        *counts.entry(layout.bundle_of_topic(t)).or_default() += 1;
+    }
+    let (r, n) = counts
+        .into_iter()
+        .max_by_key(|(r, n)| (*n, *r))
+        .expect("topics");
+    (n, r)
+}
+
+/// Issue 9 item 5: a bundle that grows past the topic-count threshold
+/// splits by itself; an admin split (asked of either broker) and bundle and
+/// namespace unloads move topics; producers and consumers ride through all
+/// of it with no error surfaced and no acknowledged message lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bundles_split_and_unload_under_load_without_client_errors() {
+    use reqwest::Method;
+    let c = Cluster::start_with(&[
+        "--bundle-split-topics-max=3",
+        "--bundle-split-check-interval-ms=300",
+    ])
+    .await;
+    let (ha, hb) = (c.brokers[0].http(), c.brokers[1].http());
+    let (status, v, _) = admin(
+        ha,
+        Method::PUT,
+        "/admin/v2/namespaces/public/split",
+        Some(r#"{"bundles":{"numBundles":1}}"#),
+        true,
+    )
+    .await;
+    assert_eq!(status, 204, "{v}");
+    assert_eq!(split_layout(hb).await.ranges().len(), 1);
+
+    let url = c.url();
+    let topics: Vec<String> = (0..8)
+        .map(|i| format!("persistent://public/split/s-{i}"))
+        .collect();
+    let list = topics.join(",");
+    let stop = c.stop_file("stop");
+    let stop_s = stop.to_string_lossy().to_string();
+    let consumer = Script::spawn(&[
+        "consume",
+        "--url",
+        &url,
+        "--topics",
+        &list,
+        "--stop-file",
+        &stop_s,
+    ]);
+    consumer
+        .wait_until("consumer ready", 60_000, |l| count_prefix(l, "READY") == 1)
+        .await;
+    let producer = Script::spawn(&[
+        "produce",
+        "--url",
+        &url,
+        "--topics",
+        &list,
+        "--stop-file",
+        &stop_s,
+    ]);
+    producer
+        .wait_until("80 acks", 60_000, |l| count_prefix(l, "ACK ") >= 80)
+        .await;
+
+    // Automatic split: 8 loaded topics in one bundle, threshold 3: the
+    // owner splits until no bundle serves more than 3 of them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let layout = loop {
+        let layout = split_layout(ha).await;
+        if fullest(&layout, &topics).0 <= 3 {
+            break layout;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no automatic split to <= 3 topics per bundle in 60 s: {:?}",
+            layout.boundaries()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(layout.ranges().len() >= 3, "{:?}", layout.boundaries());
+    // Both brokers read the same layout.
+    assert_eq!(split_layout(hb).await, layout);
+    let t_auto = Instant::now();
+    producer
+        .wait_until(
+            "acks on every topic after the automatic splits",
+            60_000,
+            |l| topics.iter().all(|t| acks_after(l, t, t_auto).is_some()),
+        )
+        .await;
+
+    // Bad split requests are clear 4xx answers.
+    let base = "/admin/v2/namespaces/public/split";
+    for (path, want) in [
+        (format!("{base}/0x00000000_0x00000010/split"), 404),
+        (format!("{base}/not-a-bundle/split"), 400),
+        (format!("{base}/0x00000000_0x00000010/unload"), 404),
+        ("/admin/v2/namespaces/public/absent/unload".to_string(), 404),
+        (
+            format!(
+                "{base}/{}/split?splitAlgorithmName=topic_count_equally_divide",
+                layout.ranges()[0]
+            ),
+            412,
+        ),
+    ] {
+        let (status, v, _) = admin(ha, Method::PUT, &path, None, true).await;
+        assert_eq!(status, want, "PUT {path}: {v}");
+        assert!(v["reason"].is_string(), "PUT {path}: {v}");
+    }
+
+    // Admin split of the fullest bundle, asked of the broker that does not
+    // own it: 307 to the owner, which splits it.
+    let (_, target) = fullest(&layout, &topics);
+    let (_, own, _) = admin(ha, Method::GET, &format!("{base}/ownership"), None, true).await;
+    let owner_url = own
+        .as_array()
+        .expect("ownership list")
+        .iter()
+        .find(|b| b["bundle"] == target.to_string())
+        .and_then(|b| b["webServiceUrl"].as_str())
+        .unwrap_or_else(|| panic!("bundle {target} has no owner: {own}"))
+        .to_string();
+    let other = if owner_url.ends_with(&ha.port().to_string()) {
+        hb
+    } else {
+        ha
+    };
+    let split_path = format!("{base}/{target}/split");
+    let (status, v, location) = admin(other, Method::PUT, &split_path, None, false).await;
+    assert_eq!(status, 307, "{v}");
+    assert_eq!(
+        location.as_deref(),
+        Some(format!("{owner_url}{split_path}").as_str())
+    );
+    let (status, v, _) = admin(other, Method::PUT, &split_path, None, true).await;
+    assert_eq!(status, 204, "{v}");
+    let after = split_layout(hb).await;
+    assert_eq!(after.ranges().len(), layout.ranges().len() + 1);
+    assert!(!after.contains_range(&target));
+    let (status, _, _) = admin(ha, Method::PUT, &split_path, None, true).await;
+    assert_eq!(status, 404, "the split bundle is gone");
+
+    // Unload one bundle, then the whole namespace (through the other
+    // broker: the bundles it does not own are forwarded to their owner).
+    let t_unload = Instant::now();
+    let one = after.bundle_of_topic(&topics[0]);
+    let (status, v, _) = admin(ha, Method::PUT, &format!("{base}/{one}/unload"), None, true).await;
+    assert_eq!(status, 204, "{v}");
+    let (status, v, _) = admin(hb, Method::PUT, &format!("{base}/unload"), None, true).await;
+    assert_eq!(status, 204, "{v}");
+    producer
+        .wait_until("acks on every topic after the unloads", 60_000, |l| {
+            topics.iter().all(|t| acks_after(l, t, t_unload).is_some())
+        })
+        .await;
+
+    touch(&stop);
+    let (ok, plines, pjson, perr) = producer.finish().await;
+    assert!(ok, "producer failed: {pjson} {perr}");
+    assert_eq!(
+        pjson["errors"],
+        serde_json::json!([]),
+        "errors surfaced to the producer"
+    );
+    let (ok, clines, cjson, cerr) = consumer.finish().await;
+    assert!(ok, "consumer failed: {cjson} {cerr}");
+    check_history(&pairs(&plines, "ACK"), &pairs(&clines, "REC"));
 }

@@ -536,6 +536,7 @@ fn admin_table() -> HashMap<(&'static str, &'static str), Needs> {
             ("brokers" | "bookies" | "ledgers", _) => Superuser,
             ("tenants", "GET") if rest.contains("{tenant}") => TenantAdmin,
             ("tenants", _) => Superuser,
+            ("namespaces", "PUT") if last == "split" || last == "unload" => Superuser,
             ("namespaces" | "queues", _) => TenantAdmin,
             ("schemas", "GET") => Lookup,
             ("schemas", "POST") => Produce,
@@ -579,6 +580,8 @@ fn instantiate(method: &str, template: &str, tenant: &str) -> (String, Option<St
             "{subscription}" if destructive => "absent-sub".into(),
             "{subscription}" => "sub-admin".into(),
             "{role}" => "nobody".into(),
+            // Not a bundle of the namespace: split / unload answer 404.
+            "{bundle}" => "0x00000000_0x00000010".into(),
             "{policy}" => "messageTTL".into(),
             "{cluster}" => "standalone".into(),
             "{bookie}" => "absent-bookie:1".into(),

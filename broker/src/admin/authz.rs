@@ -66,6 +66,12 @@ pub fn need(method: &str, template: &str) -> Need {
                 Need::Superuser
             }
         }
+        // Moving bundles between brokers is the operator's (as Pulsar).
+        "namespaces"
+            if method == "PUT" && (rest.ends_with("/split") || rest.ends_with("/unload")) =>
+        {
+            Need::Superuser
+        }
         "namespaces" | "queues" => Need::TenantAdmin,
         "schemas" => match method {
             "GET" => Need::Topic(TopicNeed::Lookup),

@@ -17,6 +17,7 @@
 
 pub mod authz;
 pub mod bookies;
+pub mod bundles;
 pub mod clusters;
 pub mod names;
 pub mod namespaces;
@@ -290,6 +291,16 @@ pub const ROUTE_LIST: &[(&str, &str)] = &[
     ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/topics"),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/ownership"),
+    ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/bundles"),
+    ("PUT", "/admin/v2/namespaces/{tenant}/{namespace}/unload"),
+    (
+        "PUT",
+        "/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/unload",
+    ),
+    (
+        "PUT",
+        "/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split",
+    ),
     ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/quotas"),
     ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/quotas"),
     ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/quotas"),
@@ -491,6 +502,7 @@ async fn openapi() -> Response {
 
 fn table() -> Table {
     use bookies as bk;
+    use bundles as bu;
     use clusters as c;
     use namespaces as n;
     use permissions as pm;
@@ -529,6 +541,10 @@ fn table() -> Table {
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}", n::delete)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/topics", n::topics)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/ownership", n::ownership)
+    .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/bundles", bu::get)
+    .add("PUT", "/admin/v2/namespaces/{tenant}/{namespace}/unload", bu::unload_namespace)
+    .add("PUT", "/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/unload", bu::unload_bundle)
+    .add("PUT", "/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split", bu::split)
     .add("GET", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::get_namespace)
     .add("POST", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::set_namespace)
     .add("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/quotas", qt::delete_namespace)

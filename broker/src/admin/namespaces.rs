@@ -239,7 +239,7 @@ pub fn policy_apply(
     checked(p.validate())
 }
 
-fn ns_params(p: &Params) -> Result<(String, String), AdminError> {
+pub(crate) fn ns_params(p: &Params) -> Result<(String, String), AdminError> {
     let t = p.get("tenant")?;
     let ns = p.get("namespace")?;
     names::check("tenant", t)?;
@@ -415,18 +415,13 @@ pub async fn topics(State(s): St, p: Params) -> AdminResult {
 /// `GET /namespaces/{tenant}/{namespace}/ownership`: every bundle of the
 /// namespace with its owner (`null` while no broker owns it), in hash order.
 pub async fn ownership(State(s): St, p: Params) -> AdminResult {
-    use crate::ownership::OwnershipError as E;
     let (t, ns) = ns_params(&p)?;
     read_policies(&s, &t, &ns).await?;
     let owners = s
         .ownership
         .bundle_owners(&t, &ns)
         .await
-        .map_err(|e| match e {
-            E::NoNamespace(n) => AdminError::NotFound(format!("namespace {n} does not exist")),
-            E::BadPolicy { .. } => AdminError::Internal(e.to_string()),
-            E::Metadata(_) | E::Unavailable(_) => AdminError::Unavailable(e.to_string()),
-        })?;
+        .map_err(crate::admin::bundles::own_err)?;
     let out: Vec<Value> = owners
         .into_iter()
         .map(|(range, owner)| {

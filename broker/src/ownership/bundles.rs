@@ -24,8 +24,9 @@ use std::fmt;
 
 /// Bundles of a namespace without a `bundles` policy.
 pub const DEFAULT_BUNDLES: u32 = 4;
-/// Most bundles a namespace may have (Pulsar's `loadBalancerNamespaceMaximumBundles`).
-pub const BUNDLES_MAX: u32 = 128;
+/// Most bundles a namespace may have (the namespace policy's bound; the
+/// automatic split stops earlier, at its own configured maximum).
+pub const BUNDLES_MAX: u32 = 1024;
 /// The top of the hash space (inclusive).
 pub const HASH_MAX: u32 = u32::MAX;
 
@@ -44,6 +45,12 @@ pub enum BundleError {
     /// A bundle name that is not `0x........_0x........`.
     #[error("bundle range {0:?} is not like \"0x00000000_0x40000000\"")]
     Range(String),
+    /// The bundle is not one of the namespace's bundles (now).
+    #[error("bundle {0} is not a bundle of the namespace (it may have been split already)")]
+    NoSuchBundle(String),
+    /// The bundle cannot be split further.
+    #[error("bundle {0} cannot be split: {1}")]
+    Unsplittable(String, String),
 }
 
 /// One bundle: hashes `lower..upper` (and `upper` itself when it is
@@ -60,6 +67,29 @@ impl BundleRange {
     /// Whether `hash` belongs to this bundle.
     pub fn contains(&self, hash: u32) -> bool {
         hash >= self.lower && (hash < self.upper || (self.upper == HASH_MAX && hash == HASH_MAX))
+    }
+
+    /// The two halves of this range (Pulsar's `range_equally_divide`): the
+    /// split point is the middle of the range, rounded down. A range too
+    /// narrow for a middle strictly inside it cannot be split.
+    pub fn halves(&self) -> Result<(BundleRange, BundleRange), BundleError> {
+        let mid = self.lower + ((u64::from(self.upper) - u64::from(self.lower)) / 2) as u32;
+        if mid == self.lower {
+            return Err(BundleError::Unsplittable(
+                self.to_string(),
+                "it is too narrow".into(),
+            ));
+        }
+        Ok((
+            BundleRange {
+                lower: self.lower,
+                upper: mid,
+            },
+            BundleRange {
+                lower: mid,
+                upper: self.upper,
+            },
+        ))
     }
 
     /// Parses Pulsar's bundle name `0x00000000_0x40000000`.
@@ -203,6 +233,31 @@ impl Bundles {
     pub fn contains_range(&self, range: &BundleRange) -> bool {
         self.ranges.binary_search(range).is_ok()
     }
+
+    /// These bundles with `range` replaced by its two [`BundleRange::halves`];
+    /// refused when `range` is not one of them or the result would exceed
+    /// `max` bundles. Every other range is unchanged, so every topic keeps
+    /// its bundle unless it was in `range`, and then it is in one half.
+    pub fn split(&self, range: &BundleRange, max: u32) -> Result<Bundles, BundleError> {
+        let i = self
+            .ranges
+            .binary_search(range)
+            .map_err(|_| BundleError::NoSuchBundle(range.to_string()))?;
+        if self.ranges.len() >= max.min(BUNDLES_MAX) as usize {
+            return Err(BundleError::Unsplittable(
+                range.to_string(),
+                format!(
+                    "the namespace has {} bundles, the most allowed is {}",
+                    self.ranges.len(),
+                    max.min(BUNDLES_MAX)
+                ),
+            ));
+        }
+        let (a, b) = range.halves()?;
+        let mut ranges = self.ranges.clone();
+        ranges.splice(i..=i, [a, b]);
+        Ok(Bundles { ranges })
+    }
 }
 
 /// The hash of a topic's full name: CRC-32 (IEEE 802.3, reflected,
@@ -284,7 +339,7 @@ mod tests {
     #[test]
     fn bad_counts_and_boundaries_are_refused() {
         assert_eq!(Bundles::even(0), Err(BundleError::Count(0)));
-        assert_eq!(Bundles::even(129), Err(BundleError::Count(129)));
+        assert_eq!(Bundles::even(1025), Err(BundleError::Count(1025)));
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         assert!(matches!(
             Bundles::from_policy(Some(&s(&["0x10", "0xffffffff"])), None),
@@ -353,5 +408,70 @@ mod tests {
             seen.insert(r);
         }
         assert_eq!(seen.len(), 4, "64 topics should touch all 4 bundles");
+    }
+
+    #[test]
+    fn splitting_halves_one_bundle_and_moves_no_other_topic() {
+        let four = Bundles::even(4).unwrap();
+        let r = four.ranges()[1];
+        let split = four.split(&r, 128).unwrap();
+        assert_eq!(
+            split.boundaries(),
+            [
+                "0x00000000",
+                "0x40000000",
+                "0x60000000",
+                "0x80000000",
+                "0xc0000000",
+                "0xffffffff"
+            ]
+        );
+        // The last bundle (it includes 0xffffffff) halves too.
+        let last = four.ranges()[3];
+        let (a, b) = last.halves().unwrap();
+        assert_eq!(
+            (a.to_string().as_str(), b.to_string().as_str()),
+            ("0xc0000000_0xdfffffff", "0xdfffffff_0xffffffff")
+        );
+        assert!(b.contains(HASH_MAX));
+        // Every topic stays in its bundle, or lands in a half of the split one.
+        for i in 0..2000 {
+            let name = format!("persistent://t/ns/topic-{i}");
+            let (before, after) = (four.bundle_of_topic(&name), split.bundle_of_topic(&name));
+            if before == r {
+                assert!(after.lower >= r.lower && after.upper <= r.upper && after != r);
+            } else {
+                assert_eq!(before, after);
+            }
+        }
+        // Refusals: unknown range, too many bundles, too narrow.
+        assert!(matches!(
+            split.split(&r, 128),
+            Err(BundleError::NoSuchBundle(_))
+        ));
+        assert!(matches!(
+            four.split(&r, 4),
+            Err(BundleError::Unsplittable(..))
+        ));
+        let narrow = BundleRange { lower: 7, upper: 8 };
+        assert!(matches!(
+            narrow.halves(),
+            Err(BundleError::Unsplittable(..))
+        ));
+        let two = BundleRange { lower: 7, upper: 9 };
+        assert_eq!(two.halves().unwrap().0, BundleRange { lower: 7, upper: 8 });
+        // Split repeatedly down to the bound: always a valid layout.
+        let mut b = Bundles::even(1).unwrap();
+        while b.ranges().len() < 64 {
+            let widest = *b.ranges().iter().max_by_key(|r| r.upper - r.lower).unwrap();
+            b = b.split(&widest, 64).unwrap();
+            let again = Bundles::from_policy(Some(&b.boundaries()), None).unwrap();
+            assert_eq!(again, b);
+        }
+        // As Pulsar: halving a range that ends at 0xffffffff rounds down,
+        // so one bundle splits into 0x00000000_0x7fffffff and
+        // 0x7fffffff_0xffffffff.
+        let (a, _) = Bundles::even(1).unwrap().ranges()[0].halves().unwrap();
+        assert_eq!(a.to_string(), "0x00000000_0x7fffffff");
     }
 }

@@ -24,7 +24,18 @@
 //! - unload / drain: the bundle is marked unloading (lookups answer
 //!   ServiceNotReady "is being unloaded", which clients retry), its topics
 //!   are closed cleanly (cursors persisted, CLOSE_PRODUCER / CLOSE_CONSUMER),
-//!   then the node is deleted so the next lookup places it elsewhere.
+//!   then the node is deleted so the next lookup places it elsewhere;
+//! - split ([`Ownership::split_bundle`], by admin request or automatically
+//!   past a topic count): only the owner splits. It first creates the two
+//!   halves' ownership nodes (its own), then writes the new layout to the
+//!   namespace node (CAS on its version), then serves the halves and
+//!   deletes the parent's node: at no moment can another broker own a range
+//!   overlapping one this broker serves. Other brokers see the new layout
+//!   within [`BUNDLES_CACHE_TTL`], and never take a bundle that is not in
+//!   the *stored* layout: before creating an ownership node they re-read it,
+//!   and after creating one they check it again (a split between the two
+//!   makes them delete the node and look up again). Topics keep being
+//!   served through a split; `unload` moves the halves afterwards.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +66,12 @@ const WATCHDOG_PERIOD_MS_MAX: u64 = 100;
 const REACHABLE_PROBE_TIMEOUT_MS: u64 = 500;
 /// Poll period while waiting for a dead owner's node to expire, in milliseconds.
 const OWNER_GONE_POLL_MS: u64 = 100;
+/// How long a namespace's cached bundle layout is used before it is read
+/// again (a split on another broker is seen within this time; lookups of
+/// unowned bundles always read the stored layout).
+pub const BUNDLES_CACHE_TTL: Duration = Duration::from_secs(5);
+/// Attempts of the namespace-node CAS of a split.
+const SPLIT_CAS_ATTEMPTS: usize = 5;
 
 /// Whether `pulsar://host:port` accepts a TCP connection. Only a refused or
 /// failed connection counts as unreachable; a timeout (a stopped process
@@ -99,6 +116,23 @@ pub enum OwnershipError {
     /// No broker can serve the bundle now (retry later).
     #[error("{0}")]
     Unavailable(String),
+    /// The bundle is not one of the namespace's bundles.
+    #[error("{0}")]
+    NoBundle(String),
+    /// The request cannot be done in this state (a split of an unsplittable
+    /// bundle, or past the bundle bound).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a split request did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SplitOutcome {
+    /// Split here into these two bundles.
+    Split(BundleRange, BundleRange),
+    /// Another broker owns the bundle: ask it (its `http://` and `https://`
+    /// URLs).
+    OwnedBy(String, Option<String>),
 }
 
 impl From<MetadataError> for OwnershipError {
@@ -189,6 +223,14 @@ pub struct OwnershipConfig {
     pub session_timeout_ms: u64,
     /// Period of load reports, in milliseconds.
     pub load_report_interval_ms: u64,
+    /// Automatic split: a bundle serving more loaded topics than this is
+    /// split in two (0 = never).
+    pub split_topics_max: u64,
+    /// Automatic split: how often the topic counts are checked, in ms.
+    pub split_check_interval_ms: u64,
+    /// Automatic split: a namespace with this many bundles is not split
+    /// further (admin splits are bounded by [`super::bundles::BUNDLES_MAX`]).
+    pub split_bundles_max: u32,
 }
 
 /// Bundle ownership of this broker.
@@ -200,7 +242,7 @@ pub struct Ownership {
     metrics: BrokerMetrics,
     clock: Mutex<LivenessClock>,
     owned: Mutex<HashMap<BundleKey, BundleState>>,
-    namespaces: Mutex<HashMap<String, Bundles>>,
+    namespaces: Mutex<HashMap<String, (Bundles, Instant)>>,
     draining: AtomicBool,
     fatal: watch::Sender<bool>,
     stop: watch::Sender<bool>,
@@ -296,13 +338,25 @@ impl Ownership {
     }
 
     /// The bundles of namespace `tenant/ns` (policy `bundles`, default 4),
-    /// cached after the first read (bundle splits are not built yet, so a
-    /// namespace's bundles never change while it exists).
+    /// from the cache when it is younger than [`BUNDLES_CACHE_TTL`].
     pub async fn bundles(&self, tenant: &str, namespace: &str) -> Result<Bundles, OwnershipError> {
         let ns = format!("{tenant}/{namespace}");
-        if let Some(b) = lock(&self.namespaces).get(&ns) {
+        if let Some((b, at)) = lock(&self.namespaces).get(&ns)
+            && at.elapsed() < BUNDLES_CACHE_TTL
+        {
             return Ok(b.clone());
         }
+        self.stored_bundles(tenant, namespace).await
+    }
+
+    /// The bundles of namespace `tenant/ns` as stored now (the cache is
+    /// refreshed with them).
+    pub async fn stored_bundles(
+        &self,
+        tenant: &str,
+        namespace: &str,
+    ) -> Result<Bundles, OwnershipError> {
+        let ns = format!("{tenant}/{namespace}");
         let path = crate::tenancy::namespace_path(&self.layout, tenant, namespace);
         let data = match self.store.get(&path).await {
             Ok((data, _)) => data,
@@ -313,7 +367,7 @@ impl Ownership {
             namespace: ns.clone(),
             reason,
         })?;
-        lock(&self.namespaces).insert(ns, bundles.clone());
+        lock(&self.namespaces).insert(ns, (bundles.clone(), Instant::now()));
         Ok(bundles)
     }
 
@@ -387,7 +441,7 @@ impl Ownership {
         if !self.cfg.enabled {
             return Ok(LookupAnswer::Connect);
         }
-        let key = self.bundle_of(topic).await?;
+        let mut key = self.bundle_of(topic).await?;
         match lock(&self.owned).get(&key) {
             Some(BundleState::Owned) if self.is_fresh() => return Ok(LookupAnswer::Connect),
             Some(BundleState::Unloading) => {
@@ -402,9 +456,10 @@ impl Ownership {
                 "Namespace bundle {key} is being unloaded: the broker lost contact with the metadata store"
             )));
         }
-        let path = self.node_path(&key);
-        // Bounded: read, maybe create, re-read once.
-        for _ in 0..3 {
+        let mut path = self.node_path(&key);
+        // Bounded: read, maybe create, re-read once; a split seen on the
+        // way costs one more round.
+        for _ in 0..4 {
             match self.store.get(&path).await {
                 Ok((data, stat)) => {
                     if stat.ephemeral_owner == self.store.session_id() {
@@ -441,6 +496,14 @@ impl Ownership {
                 }
                 Err(MetadataError::NoNode(_)) => {}
                 Err(e) => return Err(e.into()),
+            }
+            // Unowned: place it only if it is still a bundle of the stored
+            // layout (a split elsewhere may have replaced it).
+            let stored = self.stored_bundles(&key.tenant, &key.namespace).await?;
+            if !stored.contains_range(&key.range) {
+                key.range = stored.bundle_of_topic(&topic.to_string());
+                path = self.node_path(&key);
+                continue;
             }
             let me_draining = self.draining.load(Ordering::Acquire);
             let take_it = if authoritative {
@@ -480,9 +543,13 @@ impl Ownership {
                 )));
             }
             match self.acquire(&key, &path).await {
-                Ok(()) => return Ok(LookupAnswer::Connect),
-                Err(MetadataError::NodeExists(_)) => continue,
-                Err(e) => return Err(e.into()),
+                Ok(true) => return Ok(LookupAnswer::Connect),
+                Ok(false) => {
+                    // Split under us: the layout in the cache is new now.
+                    key = self.bundle_of(topic).await?;
+                    path = self.node_path(&key);
+                }
+                Err(e) => return Err(e),
             }
         }
         Err(OwnershipError::Unavailable(format!(
@@ -518,18 +585,56 @@ impl Ownership {
         }
     }
 
-    async fn acquire(&self, key: &BundleKey, path: &str) -> Result<(), MetadataError> {
-        let rec = self.own_record();
-        let data = serde_json::to_vec(&rec).unwrap_or_default();
+    /// Creates `key`'s ownership node and serves the bundle. `Ok(false)`:
+    /// another broker created it first, or the bundle is no longer in the
+    /// stored layout (split meanwhile; the node is deleted again) — look up
+    /// again.
+    async fn acquire(&self, key: &BundleKey, path: &str) -> Result<bool, OwnershipError> {
+        if !self.create_node(path).await? {
+            return Ok(false);
+        }
+        // Checked after the create: a split that committed before it is
+        // seen here; one after it needed the splitter to own this node.
+        let stored = self.stored_bundles(&key.tenant, &key.namespace).await?;
+        if !stored.contains_range(&key.range) {
+            self.delete_own_node(path).await?;
+            debug!(bundle = %key, "bundle was split before it was taken; looking up again");
+            return Ok(false);
+        }
+        self.adopt(key);
+        info!(tenant = %key.tenant, namespace = %key.namespace, bundle = %key.range, "took ownership of bundle");
+        Ok(true)
+    }
+
+    /// Creates an ownership node of this broker at `path`; false if it
+    /// exists already (held by anyone).
+    async fn create_node(&self, path: &str) -> Result<bool, OwnershipError> {
+        let data = serde_json::to_vec(&self.own_record()).unwrap_or_default();
         if let Some(parent) = cms_bookie::metadata::parent_of(path) {
             self.store.create_all(parent).await?;
         }
-        self.store
-            .create(path, &data, CreateMode::Ephemeral)
-            .await?;
-        self.adopt(key);
-        info!(tenant = %key.tenant, namespace = %key.namespace, bundle = %key.range, "took ownership of bundle");
-        Ok(())
+        match self.store.create(path, &data, CreateMode::Ephemeral).await {
+            Ok(_) => Ok(true),
+            Err(MetadataError::NodeExists(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the node at `path` if this broker's session holds it.
+    async fn delete_own_node(&self, path: &str) -> Result<(), OwnershipError> {
+        match self.store.exists(path).await? {
+            Some(stat) if stat.ephemeral_owner == self.store.session_id() => {
+                match self
+                    .store
+                    .delete(path, Expected::Version(stat.version))
+                    .await
+                {
+                    Ok(()) | Err(MetadataError::NoNode(_)) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            _ => Ok(()),
+        }
     }
 
     fn adopt(&self, key: &BundleKey) {
@@ -563,6 +668,11 @@ impl Ownership {
         key: &BundleKey,
         reason: &str,
     ) -> Result<bool, OwnershipError> {
+        if !self.cfg.enabled {
+            // Standalone owns everything: close the bundle's topics only.
+            self.unload_topics(std::slice::from_ref(key), reason).await;
+            return Ok(true);
+        }
         {
             let mut owned = lock(&self.owned);
             match owned.get_mut(key) {
@@ -607,6 +717,245 @@ impl Ownership {
             }
         }
         Ok(n)
+    }
+
+    /// Splits bundle `key` in two halves ([`BundleRange::halves`]) and
+    /// serves both here; with `unload`, both halves are then unloaded so the
+    /// next lookups place them (possibly elsewhere). The bundle must be
+    /// owned here, or unowned (it is taken here first); owned elsewhere the
+    /// answer is [`SplitOutcome::OwnedBy`]. `max` bounds the namespace's
+    /// bundle count. Standalone: only the layout changes.
+    pub async fn split_bundle(
+        &self,
+        key: &BundleKey,
+        unload: bool,
+        max: u32,
+    ) -> Result<SplitOutcome, OwnershipError> {
+        let (tenant, ns) = (&key.tenant, &key.namespace);
+        let stored = self.stored_bundles(tenant, ns).await?;
+        let split_err = |e: super::bundles::BundleError| match e {
+            super::bundles::BundleError::NoSuchBundle(_) => {
+                OwnershipError::NoBundle(format!("namespace {tenant}/{ns}: {e}"))
+            }
+            e => OwnershipError::Refused(format!("namespace {tenant}/{ns}: {e}")),
+        };
+        // Checked before taking anything: a refused split changes nothing.
+        stored.split(&key.range, max).map_err(split_err)?;
+        let (a, b) = key.range.halves().map_err(split_err)?;
+        if self.cfg.enabled {
+            if let Some(owner) = self.own_for_split(key).await? {
+                return Ok(owner);
+            }
+            // The halves' nodes first: from here no other broker can own
+            // any part of the range (it owned the parent's node before).
+            let mut created: Vec<String> = Vec::with_capacity(2);
+            for half in [a, b] {
+                let half_key = BundleKey {
+                    range: half,
+                    ..key.clone()
+                };
+                let path = self.node_path(&half_key);
+                if !self.create_node(&path).await? && !self.holds(&path).await? {
+                    for p in &created {
+                        self.delete_own_node(p).await?;
+                    }
+                    return Err(OwnershipError::Unavailable(format!(
+                        "bundle {half_key} is already owned by another broker; retry"
+                    )));
+                }
+                created.push(path);
+            }
+            if let Err(e) = self.write_split(key, max).await {
+                for p in &created {
+                    self.delete_own_node(p).await?;
+                }
+                return Err(e);
+            }
+        } else {
+            self.write_split(key, max).await?;
+        }
+        // Serve the halves before the layout switch, drop the parent after,
+        // so every loaded topic's bundle is owned throughout.
+        let halves: Vec<BundleKey> = [a, b]
+            .into_iter()
+            .map(|range| BundleKey {
+                range,
+                ..key.clone()
+            })
+            .collect();
+        if self.cfg.enabled {
+            for h in &halves {
+                lock(&self.owned).insert(h.clone(), BundleState::Owned);
+            }
+        }
+        self.stored_bundles(tenant, ns).await?;
+        if self.cfg.enabled {
+            lock(&self.owned).remove(key);
+            self.delete_own_node(&self.node_path(key)).await?;
+            self.report_now.notify_one();
+        }
+        info!(tenant = %tenant, namespace = %ns, bundle = %key.range, low = %a, high = %b, "split bundle");
+        if unload && self.cfg.enabled {
+            for h in &halves {
+                self.unload_bundle(h, "bundle split").await?;
+            }
+        }
+        Ok(SplitOutcome::Split(a, b))
+    }
+
+    /// Makes sure this broker owns `key` before a split: `Ok(None)` when it
+    /// does (taken now if it was unowned), `Ok(Some(OwnedBy))` when another
+    /// broker does.
+    async fn own_for_split(&self, key: &BundleKey) -> Result<Option<SplitOutcome>, OwnershipError> {
+        if !self.is_fresh() {
+            return Err(OwnershipError::Unavailable(
+                "the broker lost contact with the metadata store".into(),
+            ));
+        }
+        match lock(&self.owned).get(key) {
+            Some(BundleState::Owned) => return Ok(None),
+            Some(BundleState::Unloading) => {
+                return Err(OwnershipError::Unavailable(format!(
+                    "Namespace bundle {key} is being unloaded"
+                )));
+            }
+            None => {}
+        }
+        let path = self.node_path(key);
+        for _ in 0..2 {
+            match self.store.get(&path).await {
+                Ok((data, stat)) if stat.ephemeral_owner != self.store.session_id() => {
+                    let rec: OwnerRecord = serde_json::from_slice(&data).map_err(|e| {
+                        OwnershipError::Metadata(format!("ownership node {path}: {e}"))
+                    })?;
+                    return Ok(Some(SplitOutcome::OwnedBy(rec.http_url, rec.http_url_tls)));
+                }
+                Ok(_) => {
+                    self.adopt(key);
+                    return Ok(None);
+                }
+                Err(MetadataError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if self.draining.load(Ordering::Acquire) {
+                return Err(OwnershipError::Unavailable(
+                    "this broker is shutting down".into(),
+                ));
+            }
+            if self.acquire(key, &path).await? {
+                return Ok(None);
+            }
+        }
+        Err(OwnershipError::Unavailable(format!(
+            "Namespace bundle {key}: ownership is changing, retry"
+        )))
+    }
+
+    /// Whether this broker's session holds the node at `path`.
+    async fn holds(&self, path: &str) -> Result<bool, OwnershipError> {
+        Ok(self
+            .store
+            .exists(path)
+            .await?
+            .is_some_and(|s| s.ephemeral_owner == self.store.session_id()))
+    }
+
+    /// Writes the layout with `key` split into the namespace node: a CAS on
+    /// the node's version, every other field kept as stored.
+    async fn write_split(&self, key: &BundleKey, max: u32) -> Result<(), OwnershipError> {
+        let ns = format!("{}/{}", key.tenant, key.namespace);
+        let path = crate::tenancy::namespace_path(&self.layout, &key.tenant, &key.namespace);
+        for _ in 0..SPLIT_CAS_ATTEMPTS {
+            let (data, stat) = match self.store.get(&path).await {
+                Ok(x) => x,
+                Err(MetadataError::NoNode(_)) => return Err(OwnershipError::NoNamespace(ns)),
+                Err(e) => return Err(e.into()),
+            };
+            let current =
+                parse_bundles_policy(&data).map_err(|reason| OwnershipError::BadPolicy {
+                    namespace: ns.clone(),
+                    reason,
+                })?;
+            let next = current.split(&key.range, max).map_err(|e| match e {
+                super::bundles::BundleError::NoSuchBundle(_) => {
+                    OwnershipError::NoBundle(format!("namespace {ns}: {e}"))
+                }
+                e => OwnershipError::Refused(format!("namespace {ns}: {e}")),
+            })?;
+            let mut doc: serde_json::Value = if data.is_empty() {
+                serde_json::json!({})
+            } else {
+                serde_json::from_slice(&data).map_err(|e| OwnershipError::BadPolicy {
+                    namespace: ns.clone(),
+                    reason: e.to_string(),
+                })?
+            };
+            let Some(obj) = doc.as_object_mut() else {
+                return Err(OwnershipError::BadPolicy {
+                    namespace: ns,
+                    reason: "the namespace node is not a JSON object".into(),
+                });
+            };
+            obj.insert(
+                "bundles".into(),
+                serde_json::json!({
+                    "boundaries": next.boundaries(),
+                    "numBundles": next.ranges().len(),
+                }),
+            );
+            let bytes = serde_json::to_vec(&doc).unwrap_or_default();
+            match self
+                .store
+                .set(&path, &bytes, Expected::Version(stat.version))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(MetadataError::BadVersion { .. }) => continue,
+                Err(MetadataError::NoNode(_)) => return Err(OwnershipError::NoNamespace(ns)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OwnershipError::Unavailable(format!(
+            "namespace {ns} kept changing during the split; retry"
+        )))
+    }
+
+    /// One pass of the automatic split: every owned bundle serving more
+    /// than `split_topics_max` loaded topics is split (while its namespace
+    /// has fewer than `split_bundles_max` bundles). Returns the splits done.
+    pub async fn auto_split_pass(&self) -> usize {
+        let max_topics = self.cfg.split_topics_max;
+        if max_topics == 0 || !self.cfg.enabled || self.draining.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut counts: HashMap<BundleKey, u64> = HashMap::new();
+        for name in self.topics.loaded() {
+            if let Ok(key) = self.bundle_of(&name).await {
+                *counts.entry(key).or_default() += 1;
+            }
+        }
+        let owned = self.owned_bundles();
+        let mut done = 0;
+        for (key, n) in counts {
+            if n <= max_topics || !owned.contains(&key) {
+                continue;
+            }
+            match self
+                .split_bundle(&key, false, self.cfg.split_bundles_max)
+                .await
+            {
+                Ok(SplitOutcome::Split(..)) => {
+                    info!(bundle = %key, topics = n, threshold = max_topics, "bundle split automatically");
+                    done += 1;
+                }
+                Ok(SplitOutcome::OwnedBy(..)) => {}
+                Err(OwnershipError::Refused(reason)) => {
+                    debug!(bundle = %key, topics = n, %reason, "bundle over the topic threshold not split");
+                }
+                Err(e) => warn!(bundle = %key, error = %e, "automatic bundle split failed"),
+            }
+        }
+        done
     }
 
     /// Graceful shutdown: take no new bundles (the registration says
@@ -663,6 +1012,9 @@ impl Ownership {
         tokio::spawn(heartbeat(self.clone()));
         tokio::spawn(watchdog(self.clone()));
         tokio::spawn(reporter(self.clone()));
+        if self.cfg.split_topics_max > 0 {
+            tokio::spawn(auto_splitter(self.clone()));
+        }
     }
 
     async fn write_registration(&self, sampler: &mut LoadSampler) -> Result<(), MetadataError> {
@@ -849,6 +1201,19 @@ async fn reporter(o: Arc<Ownership>) {
     }
 }
 
+/// Runs [`Ownership::auto_split_pass`] every `split_check_interval_ms`.
+async fn auto_splitter(o: Arc<Ownership>) {
+    let period = Duration::from_millis(o.cfg.split_check_interval_ms.max(100));
+    let mut stop = o.stop.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = wait_stop(&mut stop) => return,
+        }
+        o.auto_split_pass().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -926,6 +1291,9 @@ mod tests {
                 // Long: these tests do not run the heartbeat.
                 session_timeout_ms: 120_000,
                 load_report_interval_ms: 1000,
+                split_topics_max: 2,
+                split_check_interval_ms: 1000,
+                split_bundles_max: 128,
             },
             store,
             layout,
@@ -1090,5 +1458,166 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[tokio::test]
+    async fn split_keeps_one_owner_per_hash_and_stale_brokers_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = node(&backend, "x", true).await;
+        let y = node(&backend, "y", true).await;
+        let t = topic("persistent://public/default/split-me");
+        assert_eq!(x.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
+        let parent = x.own.bundle_of(&t).await.unwrap();
+        // y caches the layout before the split.
+        assert_eq!(
+            y.own
+                .bundles("public", "default")
+                .await
+                .unwrap()
+                .ranges()
+                .len(),
+            4
+        );
+        let x_http = x.url.replace("pulsar", "http");
+
+        // Only the owner splits: y points at x.
+        assert_eq!(
+            y.own.split_bundle(&parent, false, 128).await.unwrap(),
+            SplitOutcome::OwnedBy(x_http.clone(), None)
+        );
+        let SplitOutcome::Split(a, b) = x.own.split_bundle(&parent, false, 128).await.unwrap()
+        else {
+            panic!("x owns the bundle")
+        };
+        assert_eq!(
+            (a.lower, b.upper, a.upper),
+            (parent.range.lower, parent.range.upper, b.lower)
+        );
+        let half = |range| BundleKey {
+            range,
+            ..parent.clone()
+        };
+        let mut halves = vec![half(a), half(b)];
+        halves.sort();
+        assert_eq!(x.own.owned_bundles(), halves);
+        assert!(
+            x.own.check_owned(&t).await.is_ok(),
+            "served through the split"
+        );
+        assert!(
+            x.store
+                .exists(&x.own.node_path(&parent))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        for h in &halves {
+            let stat = x.store.exists(&x.own.node_path(h)).await.unwrap().unwrap();
+            assert_eq!(stat.ephemeral_owner, x.store.session_id());
+        }
+        // y still has the old layout cached: its lookup finds the parent
+        // unowned, re-reads the layout and redirects to the half's owner.
+        assert_eq!(
+            y.own
+                .bundles("public", "default")
+                .await
+                .unwrap()
+                .ranges()
+                .len(),
+            4
+        );
+        for auth in [false, true] {
+            assert!(matches!(
+                y.own.lookup(&t, auth).await.unwrap(),
+                LookupAnswer::Redirect { ref service_url, .. } if *service_url == x.url
+            ));
+        }
+        let stored = y.own.stored_bundles("public", "default").await.unwrap();
+        assert_eq!(stored.ranges().len(), 5);
+        assert!(!stored.contains_range(&parent.range));
+        // A stale acquire of the parent range undoes itself.
+        let ppath = y.own.node_path(&parent);
+        assert!(!y.own.acquire(&parent, &ppath).await.unwrap());
+        assert!(y.store.exists(&ppath).await.unwrap().is_none());
+        assert!(y.own.owned_bundles().is_empty());
+
+        // Refusals change nothing.
+        assert!(matches!(
+            x.own.split_bundle(&parent, false, 128).await,
+            Err(OwnershipError::NoBundle(_))
+        ));
+        assert!(matches!(
+            x.own.split_bundle(&half(a), false, 5).await,
+            Err(OwnershipError::Refused(_))
+        ));
+        assert_eq!(
+            x.own.stored_bundles("public", "default").await.unwrap(),
+            stored
+        );
+
+        // Split with unload: the halves are released for the next lookup.
+        let SplitOutcome::Split(c, d) = x.own.split_bundle(&half(a), true, 128).await.unwrap()
+        else {
+            panic!("x owns the half")
+        };
+        assert_eq!(x.own.owned_bundles(), vec![half(b)]);
+        for r in [c, d] {
+            assert!(
+                x.store
+                    .exists(&x.own.node_path(&half(r)))
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+        }
+        assert_eq!(
+            x.own
+                .stored_bundles("public", "default")
+                .await
+                .unwrap()
+                .ranges()
+                .len(),
+            6
+        );
+
+        // An unowned bundle is taken by the broker asked, then split.
+        let other = *stored
+            .ranges()
+            .iter()
+            .find(|r| **r != a && **r != b)
+            .unwrap();
+        assert!(matches!(
+            y.own.split_bundle(&half(other), false, 128).await.unwrap(),
+            SplitOutcome::Split(..)
+        ));
+        assert_eq!(y.own.owned_bundles().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn standalone_split_changes_only_the_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let s = node(&backend, "s", false).await;
+        let t = topic("persistent://public/default/alone");
+        let key = s.own.bundle_of(&t).await.unwrap();
+        assert!(matches!(
+            s.own.split_bundle(&key, false, 128).await.unwrap(),
+            SplitOutcome::Split(..)
+        ));
+        assert_eq!(
+            s.own
+                .bundles("public", "default")
+                .await
+                .unwrap()
+                .ranges()
+                .len(),
+            5
+        );
+        assert!(s.own.check_owned(&t).await.is_ok());
+        assert_eq!(
+            s.own.lookup(&t, false).await.unwrap(),
+            LookupAnswer::Connect
+        );
     }
 }

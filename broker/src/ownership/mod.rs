@@ -20,4 +20,6 @@ pub mod liveness;
 pub mod load;
 pub mod manager;
 
-pub use manager::{BundleKey, LookupAnswer, Ownership, OwnershipConfig, OwnershipError};
+pub use manager::{
+    BundleKey, LookupAnswer, Ownership, OwnershipConfig, OwnershipError, SplitOutcome,
+};
