@@ -341,6 +341,16 @@ pub enum Namespaces {
         #[arg(long)]
         unload: bool,
     },
+    /// Raise the namespace's bundle count to N by splitting its widest
+    /// bundles one at a time (bundles are never merged: a lower N is refused)
+    #[command(after_help = "Example:\n  cms-admin namespaces set-bundles acme/orders --count 16")]
+    SetBundles {
+        /// Namespace TENANT/NS
+        namespace: String,
+        /// Bundle count wanted
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        count: u32,
+    },
     /// Unload a namespace (every bundle) or one bundle: its topics close on
     /// their broker and clients reconnect after a new lookup
     #[command(after_help = "Examples:

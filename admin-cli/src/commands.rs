@@ -64,6 +64,37 @@ fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// A counting progress bar on stderr, only when stderr is a terminal.
+fn progress(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template(&format!("[{{bar:30}}] {{pos}}/{{len}} {what}"))
+    {
+        pb.set_style(style);
+    }
+    Some(pb)
+}
+
+/// The `(lower, upper)` ranges of a `GET .../bundles` answer.
+fn bundle_ranges(v: &Value) -> AdminResult<Vec<(u64, u64)>> {
+    let bad = || AdminError::Local(format!("unexpected bundles answer: {v}"));
+    let bounds = v["boundaries"]
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|b| {
+            b.as_str()
+                .and_then(|s| s.strip_prefix("0x"))
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect::<AdminResult<Vec<u64>>>()?;
+    Ok(bounds.windows(2).map(|w| (w[0], w[1])).collect())
+}
+
 /// `TENANT/NS` → (tenant, ns).
 pub fn parse_ns(s: &str) -> AdminResult<(String, String)> {
     match s.split('/').collect::<Vec<_>>()[..] {
@@ -300,6 +331,35 @@ fn namespaces(ctx: &Ctx, c: Namespaces) -> AdminResult<Shown> {
             )?;
             done(format!("bundle {bundle} of {t}/{n} split"))
         }
+        Namespaces::SetBundles { namespace, count } => {
+            let (t, n) = parse_ns(&namespace)?;
+            let path = format!("{}/bundles", ns_path(&t, &n));
+            let have = bundle_ranges(&a.get(&path)?)?;
+            if have.len() > count as usize {
+                return Err(AdminError::Local(format!(
+                    "namespace {t}/{n} has {} bundles; bundles can only be split, never merged",
+                    have.len()
+                )));
+            }
+            let todo = count as usize - have.len();
+            let pb = progress(todo as u64, "bundles split");
+            for _ in 0..todo {
+                let ranges = bundle_ranges(&a.get(&path)?)?;
+                let widest = ranges
+                    .iter()
+                    .max_by_key(|(lo, hi)| hi - lo)
+                    .ok_or_else(|| AdminError::Local("the namespace has no bundles".into()))?;
+                let name = format!("0x{:08x}_0x{:08x}", widest.0, widest.1);
+                a.put(&format!("{}/{}/split", ns_path(&t, &n), seg(&name)), None)?;
+                if let Some(pb) = &pb {
+                    pb.inc(1);
+                }
+            }
+            if let Some(pb) = pb {
+                pb.finish_and_clear();
+            }
+            done(format!("namespace {t}/{n} has {count} bundles"))
+        }
         Namespaces::Unload { namespace, bundle } => {
             let (t, n) = parse_ns(&namespace)?;
             match bundle {
@@ -489,8 +549,10 @@ const SUBSCRIPTION_COLUMNS: [(&str, &str); 5] = [
     ("BLOCKED", "blockedSubscriptionOnUnackedMsgs"),
 ];
 
-fn stats_view() -> View {
-    View::Sections(vec![
+/// The table view of topic stats, with a per-partition table when
+/// `per_partition`.
+fn stats_view_with(per_partition: bool) -> View {
+    let mut sections = vec![
         ("Topic", SCALARS, View::Object),
         (
             "Publishers",
@@ -502,7 +564,24 @@ fn stats_view() -> View {
             "subscriptions",
             View::Map("SUBSCRIPTION", SUBSCRIPTION_COLUMNS.to_vec()),
         ),
-    ])
+    ];
+    if per_partition {
+        sections.push((
+            "Partitions",
+            "partitions",
+            View::Map(
+                "PARTITION",
+                vec![
+                    ("MSG-RATE-IN", "msgRateIn"),
+                    ("MSG-RATE-OUT", "msgRateOut"),
+                    ("MSGS-IN", "msgInCounter"),
+                    ("MSGS-OUT", "msgOutCounter"),
+                    ("STORAGE-BYTES", "storageSize"),
+                ],
+            ),
+        ));
+    }
+    View::Sections(sections)
 }
 
 fn peek_one(a: &Admin, t: &Topic, sub: &str, n: u32) -> AdminResult<Option<Value>> {
@@ -638,7 +717,7 @@ fn topics(ctx: &Ctx, c: Topics) -> AdminResult<Shown> {
             } else {
                 a.get(&format!("{}/stats", t.path()))?
             };
-            shown(v, stats_view())
+            shown(v, stats_view_with(per_partition && parts > 0))
         }
         Topics::InternalStats { topic } => {
             let t = Topic::parse(&topic)?;
@@ -1274,5 +1353,54 @@ mod tests {
             position_body(Position::At(4, 2)),
             json!({"ledgerId": 4, "entryId": 2})
         );
+    }
+}
+
+#[cfg(test)]
+mod stats_view_tests {
+    use super::*;
+    use crate::output::{Format, render};
+
+    #[test]
+    fn per_partition_stats_get_one_row_per_partition() {
+        let v = json!({
+            "msgRateIn": 3.0,
+            "storageSize": 30,
+            "publishers": [],
+            "subscriptions": {},
+            "partitions": {
+                "persistent://t/n/x-partition-0": {"msgRateIn": 1.0, "msgRateOut": 0.5,
+                    "msgInCounter": 10, "msgOutCounter": 5, "storageSize": 10},
+                "persistent://t/n/x-partition-1": {"msgRateIn": 2.0, "msgRateOut": 0.0,
+                    "msgInCounter": 20, "msgOutCounter": 0, "storageSize": 20}
+            }
+        });
+        let out = render(
+            &Shown::Value(v.clone(), stats_view_with(true)),
+            Format::Table,
+        );
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let at = rows
+            .iter()
+            .position(|r| r.first() == Some(&"PARTITION"))
+            .unwrap_or_else(|| panic!("no partition table:\n{out}"));
+        assert_eq!(
+            rows[at + 1],
+            vec![
+                "persistent://t/n/x-partition-0",
+                "1.0",
+                "0.5",
+                "10",
+                "5",
+                "10"
+            ]
+        );
+        assert_eq!(rows[at + 2][3], "20");
+        // Without the flag the table has no partition section.
+        let plain = render(&Shown::Value(v, stats_view_with(false)), Format::Table);
+        assert!(!plain.contains("PARTITION"), "{plain}");
     }
 }

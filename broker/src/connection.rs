@@ -1294,6 +1294,10 @@ impl Conn {
             return;
         }
         self.state.metrics.messages_in.inc_by(item.num_messages);
+        p.topic.counters.record_in(
+            item.num_messages,
+            u64::try_from(item.entry.len()).unwrap_or(u64::MAX),
+        );
         let charges = self.state.quota.on_publish(
             &p.topic.name,
             &p.buckets,

@@ -726,6 +726,7 @@ async fn forward(
                     tokio::time::sleep(w.max(std::time::Duration::from_millis(1))).await;
                 }
                 state.metrics.messages_out.inc_by(msgs);
+                topic.counters.record_out(msgs, bytes);
                 if redelivery_count > 0 {
                     state.metrics.messages_redelivered.inc_by(msgs);
                 }

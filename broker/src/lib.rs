@@ -56,6 +56,7 @@ pub mod subscription;
 pub mod subscriptions;
 pub mod tenancy;
 pub mod tls;
+pub mod topic_counters;
 pub mod topic_discovery;
 pub mod topic_metrics;
 pub mod topic_name;

@@ -1,6 +1,8 @@
 //! Per-topic Prometheus metrics with `tenant`, `namespace`, `topic` (and
 //! `subscription`) labels, computed when `/metrics` is scraped from the
-//! topics loaded on this broker: stored bytes and entries, producers, and
+//! topics loaded on this broker: stored bytes and entries, producers,
+//! messages and bytes in and out since the topic was loaded here (counters
+//! that restart when a topic moves, which `rate()` treats as a reset), and
 //! per subscription the backlog (entries), unacked messages and consumers.
 //!
 //! With `metrics_topic_level` off the same names are summed per namespace
@@ -18,7 +20,7 @@ use std::sync::Arc;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntGaugeVec, Opts};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
 
 use crate::topics::Topics;
 
@@ -38,6 +40,8 @@ pub struct TopicCollector {
     backlog: IntGaugeVec,
     unacked: IntGaugeVec,
     consumers: IntGaugeVec,
+    /// Messages in, bytes in, messages out, bytes out.
+    traffic: [IntCounterVec; 4],
     descs: Vec<Desc>,
 }
 
@@ -89,7 +93,26 @@ impl TopicCollector {
             "Consumers attached to the subscription",
             sub_labels,
         )?;
-        let descs = [
+        let c = |name: &str, help: &str| IntCounterVec::new(Opts::new(name, help), topic_labels);
+        let traffic = [
+            c(
+                "cms_topic_messages_in_total",
+                "Messages published to the topic since it was loaded here",
+            )?,
+            c(
+                "cms_topic_bytes_in_total",
+                "Entry bytes published to the topic since it was loaded here",
+            )?,
+            c(
+                "cms_topic_messages_out_total",
+                "Messages delivered from the topic since it was loaded here",
+            )?,
+            c(
+                "cms_topic_bytes_out_total",
+                "Entry bytes delivered from the topic since it was loaded here",
+            )?,
+        ];
+        let mut descs: Vec<Desc> = [
             &storage_bytes,
             &entries,
             &producers,
@@ -100,6 +123,7 @@ impl TopicCollector {
         .iter()
         .flat_map(|v| v.desc().into_iter().cloned())
         .collect();
+        descs.extend(traffic.iter().flat_map(|v| v.desc().into_iter().cloned()));
         Ok(Self {
             topics,
             topic_level,
@@ -110,6 +134,7 @@ impl TopicCollector {
             backlog,
             unacked,
             consumers,
+            traffic,
             descs,
         })
     }
@@ -133,6 +158,9 @@ impl Collector for TopicCollector {
             &self.unacked,
             &self.consumers,
         ] {
+            v.reset();
+        }
+        for v in &self.traffic {
             v.reset();
         }
         for name in self.topics.loaded() {
@@ -162,6 +190,14 @@ impl Collector for TopicCollector {
             self.producers
                 .with_label_values(labels)
                 .add(i64::try_from(t.producer_count()).unwrap_or(i64::MAX));
+            let n = t.counters.counts();
+            for (v, x) in self
+                .traffic
+                .iter()
+                .zip([n.msgs_in, n.bytes_in, n.msgs_out, n.bytes_out])
+            {
+                v.with_label_values(labels).inc_by(x);
+            }
             let Some(subs) = t.subscriptions.try_open_now() else {
                 continue;
             };
@@ -190,6 +226,7 @@ impl Collector for TopicCollector {
         ]
         .iter()
         .flat_map(|v| v.collect())
+        .chain(self.traffic.iter().flat_map(|v| v.collect()))
         .collect()
     }
 }

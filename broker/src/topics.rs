@@ -115,6 +115,8 @@ pub struct Topic {
     /// Producer de-duplication, when the namespace policy (or the broker
     /// default) turns it on.
     pub dedup: Option<Arc<crate::dedup_io::TopicDedup>>,
+    /// Messages and bytes in and out since it was loaded here.
+    pub counters: crate::topic_counters::TopicCounters,
     closing: watch::Sender<bool>,
 }
 
@@ -480,6 +482,7 @@ impl Topics {
             subscriptions: Subscriptions::default(),
             policies,
             dedup,
+            counters: crate::topic_counters::TopicCounters::default(),
             closing: watch::channel(false).0,
         });
         ctx.metrics.topics_loaded.inc();

@@ -170,6 +170,22 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
     admin(u, &["namespaces", "unload", "acme/orders"])
         .await
         .ok();
+    admin(
+        u,
+        &["namespaces", "set-bundles", "acme/orders", "--count", "8"],
+    )
+    .await
+    .ok();
+    let b = admin(u, &["namespaces", "bundles", "acme/orders", "-o", "json"])
+        .await
+        .json();
+    assert_eq!(b["numBundles"], 8, "{b}");
+    admin(
+        u,
+        &["namespaces", "set-bundles", "acme/orders", "--count", "2"],
+    )
+    .await
+    .fails(EXIT_REFUSED, "never merged");
     admin(u, &["namespaces", "unload", "acme/none"])
         .await
         .fails(EXIT_NOT_FOUND, "acme/none");
@@ -380,6 +396,19 @@ async fn tenants_namespaces_topics_and_queues_through_the_cli() {
         .await
         .json();
     assert_eq!(pstats["metadata"]["partitions"], 3, "{pstats}");
+    let per = admin(
+        u,
+        &["topics", "stats", "acme/orders/parts", "--per-partition"],
+    )
+    .await;
+    assert!(
+        per.rows()
+            .iter()
+            .any(|r| r.first().map(String::as_str) == Some("PARTITION")
+                && r.get(1).map(String::as_str) == Some("MSG-RATE-IN")),
+        "no per-partition table: {}",
+        per.describe()
+    );
 
     let peek = admin(
         u,

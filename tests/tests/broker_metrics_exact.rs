@@ -49,6 +49,8 @@ async fn metrics_report_a_known_workload_exactly() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let topic = "persistent://public/default/metrics-exact";
     let client = Client::new(broker.service_url()).expect("client");
+    // The topic is loaded by the subscribe below, not before this instant.
+    let before_load = std::time::Instant::now();
     let mut consumer = client
         .consumer(topic, "s")
         .sub_type(SubType::Shared)
@@ -148,6 +150,44 @@ async fn metrics_report_a_known_workload_exactly() {
     assert_eq!(
         sample(&text, "cms_topic_producers", &[topic_l.as_str()]),
         Some(1.0)
+    );
+    // Per topic: the same traffic as the broker-wide counters (one topic).
+    for (name, want) in [
+        ("cms_topic_messages_in_total", N as f64),
+        ("cms_topic_bytes_in_total", bytes_in),
+        ("cms_topic_messages_out_total", (N + K) as f64),
+        ("cms_topic_bytes_out_total", (N + K) as f64 * entry),
+    ] {
+        assert_eq!(
+            sample(&text, name, &[topic_l.as_str()]),
+            Some(want),
+            "{name}"
+        );
+    }
+    // The admin stats carry the same counters, and rates over the time
+    // since the topic was loaded (at least the 1 s sampling minimum, so all
+    // N messages in at most N per second, and more than nothing).
+    let since_load = before_load.elapsed();
+    if since_load < Duration::from_millis(1100) {
+        tokio::time::sleep(Duration::from_millis(1100) - since_load).await;
+    }
+    let (status, stats) = broker
+        .admin_call(
+            reqwest::Method::GET,
+            "/admin/v2/persistent/public/default/metrics-exact/stats",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["msgInCounter"], N, "{stats}");
+    assert_eq!(stats["msgOutCounter"], N + K, "{stats}");
+    assert_eq!(stats["bytesInCounter"].as_f64(), Some(bytes_in), "{stats}");
+    assert_eq!(stats["averageMsgSize"].as_f64(), Some(entry), "{stats}");
+    assert!(
+        stats["msgRateIn"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0 && r <= N as f64),
+        "{stats}"
     );
     assert_eq!(
         sample(&text, "cms_subscription_consumers", &sub_labels),

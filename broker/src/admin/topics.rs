@@ -482,7 +482,17 @@ async fn topic_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError
             }),
         );
     }
+    let (n, r) = topic.counters.sample(std::time::Instant::now());
     Ok(json!({
+        "msgRateIn": r.msgs_in,
+        "msgThroughputIn": r.bytes_in,
+        "msgRateOut": r.msgs_out,
+        "msgThroughputOut": r.bytes_out,
+        "msgInCounter": n.msgs_in,
+        "bytesInCounter": n.bytes_in,
+        "msgOutCounter": n.msgs_out,
+        "bytesOutCounter": n.bytes_out,
+        "averageMsgSize": if n.msgs_in == 0 { 0.0 } else { n.bytes_in as f64 / n.msgs_in as f64 },
         "storageSize": storage,
         "publishers": publishers,
         "subscriptions": subs,
@@ -495,6 +505,31 @@ async fn topic_stats(s: &BrokerState, t: &TopicName) -> Result<Value, AdminError
 pub fn merge_stats(sum: &mut Value, part: &Value) {
     let add = |a: &Value, b: &Value| json!(a.as_u64().unwrap_or(0) + b.as_u64().unwrap_or(0));
     sum["storageSize"] = add(&sum["storageSize"], &part["storageSize"]);
+    for k in [
+        "msgInCounter",
+        "bytesInCounter",
+        "msgOutCounter",
+        "bytesOutCounter",
+    ] {
+        sum[k] = add(&sum[k], &part[k]);
+    }
+    for k in [
+        "msgRateIn",
+        "msgThroughputIn",
+        "msgRateOut",
+        "msgThroughputOut",
+    ] {
+        sum[k] = json!(sum[k].as_f64().unwrap_or(0.0) + part[k].as_f64().unwrap_or(0.0));
+    }
+    let (msgs, bytes) = (
+        sum["msgInCounter"].as_u64().unwrap_or(0),
+        sum["bytesInCounter"].as_u64().unwrap_or(0),
+    );
+    sum["averageMsgSize"] = json!(if msgs == 0 {
+        0.0
+    } else {
+        bytes as f64 / msgs as f64
+    });
     let mut publishers = sum["publishers"].as_array().cloned().unwrap_or_default();
     publishers.extend(part["publishers"].as_array().cloned().unwrap_or_default());
     sum["publishers"] = json!(publishers);
@@ -1012,13 +1047,20 @@ mod tests {
     fn partition_stats_add_up() {
         let mut sum = json!({"storageSize": 0, "publishers": [], "subscriptions": {}});
         let p0 = json!({"storageSize": 10, "publishers": [{"producerName": "a"}],
+            "msgInCounter": 4, "bytesInCounter": 400, "msgRateIn": 1.5, "msgRateOut": 0.5,
             "subscriptions": {"s": {"msgBacklog": 2, "unackedMessages": 1, "consumers": [{"consumerName": "x"}]}}});
         let p1 = json!({"storageSize": 5, "publishers": [],
+            "msgInCounter": 6, "bytesInCounter": 100, "msgRateIn": 2.0, "msgOutCounter": 3,
             "subscriptions": {"s": {"msgBacklog": 3, "unackedMessages": 0, "consumers": [{"consumerName": "y"}]},
                               "t": {"msgBacklog": 7, "unackedMessages": 0, "consumers": []}}});
         merge_stats(&mut sum, &p0);
         merge_stats(&mut sum, &p1);
         assert_eq!(sum["storageSize"], 15);
+        assert_eq!(sum["msgInCounter"], 10);
+        assert_eq!(sum["msgOutCounter"], 3);
+        assert_eq!(sum["msgRateIn"], 3.5);
+        assert_eq!(sum["msgRateOut"], 0.5);
+        assert_eq!(sum["averageMsgSize"], 50.0);
         assert_eq!(sum["publishers"].as_array().unwrap().len(), 1);
         assert_eq!(sum["subscriptions"]["s"]["msgBacklog"], 5);
         assert_eq!(sum["subscriptions"]["s"]["unackedMessages"], 1);
