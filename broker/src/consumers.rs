@@ -690,13 +690,25 @@ async fn forward(
         .await;
     loop {
         let d = tokio::select! {
+            // Closing first: an unload both sets it and drops the sink, and
+            // either way the client must be told.
+            biased;
+            _ = wait_true(&mut closing) => None,
             d = deliveries.recv() => d,
-            _ = wait_true(&mut closing) => {
-                let _ = events.send(ConnEvent::ConsumerClosed { consumer_id, generation }).await;
-                return;
-            }
         };
-        let Some(d) = d else { return };
+        let Some(d) = d else {
+            // The topic unloads, or the subscription dropped this consumer's
+            // sink: the connection tells the client to resubscribe (a no-op
+            // when the connection removed the consumer itself). Returning
+            // silently here once left a consumer attached to nothing.
+            let _ = events
+                .send(ConnEvent::ConsumerClosed {
+                    consumer_id,
+                    generation,
+                })
+                .await;
+            return;
+        };
         let frame = match d {
             Delivery::Message {
                 position,

@@ -283,6 +283,39 @@ async fn owners(c: &Cluster, via: usize, topics: &[String]) -> Vec<usize> {
     out
 }
 
+/// A consumer script, then (once it is subscribed) a producer script on
+/// the comma-separated `list` of topics, both stopping at `stop`; returns
+/// once `acks` sends are acknowledged.
+async fn start_clients(url: &str, list: &str, stop: &str, acks: usize) -> (Script, Script) {
+    let consumer = Script::spawn(&[
+        "consume",
+        "--url",
+        url,
+        "--topics",
+        list,
+        "--stop-file",
+        stop,
+    ]);
+    consumer
+        .wait_until("consumer ready", 60_000, |l| count_prefix(l, "READY") == 1)
+        .await;
+    let producer = Script::spawn(&[
+        "produce",
+        "--url",
+        url,
+        "--topics",
+        list,
+        "--stop-file",
+        stop,
+    ]);
+    producer
+        .wait_until(&format!("{acks} acks"), 60_000, |l| {
+            count_prefix(l, "ACK ") >= acks
+        })
+        .await;
+    (consumer, producer)
+}
+
 fn touch(p: &Path) {
     std::fs::write(p, b"stop").expect("writing the stop file");
 }
@@ -311,30 +344,7 @@ async fn lookups_spread_topics_and_kill_9_of_an_owner_loses_nothing() {
     let list = topics.join(",");
     let stop = c.stop_file("stop");
     let stop_s = stop.to_string_lossy().to_string();
-    let consumer = Script::spawn(&[
-        "consume",
-        "--url",
-        &url,
-        "--topics",
-        &list,
-        "--stop-file",
-        &stop_s,
-    ]);
-    consumer
-        .wait_until("consumer ready", 60_000, |l| count_prefix(l, "READY") == 1)
-        .await;
-    let producer = Script::spawn(&[
-        "produce",
-        "--url",
-        &url,
-        "--topics",
-        &list,
-        "--stop-file",
-        &stop_s,
-    ]);
-    producer
-        .wait_until("160 acks", 60_000, |l| count_prefix(l, "ACK ") >= 160)
-        .await;
+    let (consumer, producer) = start_clients(&url, &list, &stop_s, 160).await;
 
     // Both brokers own some of the topics; either broker's HTTP lookup
     // agrees (the other one redirects).
@@ -524,30 +534,7 @@ async fn sigterm_of_an_owner_moves_its_topics_without_client_errors() {
     let list = topics.join(",");
     let stop = c.stop_file("stop");
     let stop_s = stop.to_string_lossy().to_string();
-    let consumer = Script::spawn(&[
-        "consume",
-        "--url",
-        &url,
-        "--topics",
-        &list,
-        "--stop-file",
-        &stop_s,
-    ]);
-    consumer
-        .wait_until("consumer ready", 60_000, |l| count_prefix(l, "READY") == 1)
-        .await;
-    let producer = Script::spawn(&[
-        "produce",
-        "--url",
-        &url,
-        "--topics",
-        &list,
-        "--stop-file",
-        &stop_s,
-    ]);
-    producer
-        .wait_until("80 acks", 60_000, |l| count_prefix(l, "ACK ") >= 80)
-        .await;
+    let (consumer, producer) = start_clients(&url, &list, &stop_s, 80).await;
     let own = owners(&c, 0, &topics).await;
     let victim = own[0];
     let moved: Vec<String> = topics
@@ -842,30 +829,7 @@ async fn bundles_split_and_unload_under_load_without_client_errors() {
     let list = topics.join(",");
     let stop = c.stop_file("stop");
     let stop_s = stop.to_string_lossy().to_string();
-    let consumer = Script::spawn(&[
-        "consume",
-        "--url",
-        &url,
-        "--topics",
-        &list,
-        "--stop-file",
-        &stop_s,
-    ]);
-    consumer
-        .wait_until("consumer ready", 60_000, |l| count_prefix(l, "READY") == 1)
-        .await;
-    let producer = Script::spawn(&[
-        "produce",
-        "--url",
-        &url,
-        "--topics",
-        &list,
-        "--stop-file",
-        &stop_s,
-    ]);
-    producer
-        .wait_until("80 acks", 60_000, |l| count_prefix(l, "ACK ") >= 80)
-        .await;
+    let (consumer, producer) = start_clients(&url, &list, &stop_s, 80).await;
 
     // Automatic split: 8 loaded topics in one bundle, threshold 3: the
     // owner splits until no bundle serves more than 3 of them.

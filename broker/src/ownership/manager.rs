@@ -378,7 +378,8 @@ impl Ownership {
         tenant: &str,
         namespace: &str,
     ) -> Result<Vec<(BundleRange, Option<OwnerRecord>)>, OwnershipError> {
-        let bundles = self.bundles(tenant, namespace).await?;
+        // The stored layout: a cached one can still name a split bundle.
+        let bundles = self.stored_bundles(tenant, namespace).await?;
         let mut out = Vec::with_capacity(bundles.ranges().len());
         for range in bundles.ranges() {
             if !self.cfg.enabled {
