@@ -72,6 +72,40 @@ const OWNER_GONE_POLL_MS: u64 = 100;
 pub const BUNDLES_CACHE_TTL: Duration = Duration::from_secs(5);
 /// Attempts of the namespace-node CAS of a split.
 const SPLIT_CAS_ATTEMPTS: usize = 5;
+/// Longest a placement decided here is counted against its broker while
+/// that broker's load report does not show it yet (bounds clock skew).
+const PLACEMENT_MEMORY_MS: u64 = 30_000;
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Adds to each candidate's bundle count the placements decided here that
+/// its load report (timestamp) does not reflect yet — Pulsar's
+/// "preallocated bundles": without it, a burst of lookups between two load
+/// reports sends every new bundle to the same broker. Forgets placements
+/// the reports have caught up with, or older than [`PLACEMENT_MEMORY_MS`].
+/// Pure.
+fn count_pending_placements(
+    placed: &mut HashMap<String, (String, u64)>,
+    candidates: &mut [Candidate],
+    now_ms: u64,
+) {
+    placed.retain(|_, (broker, at)| {
+        now_ms.saturating_sub(*at) < PLACEMENT_MEMORY_MS
+            && candidates
+                .iter()
+                .find(|c| c.id == *broker)
+                .is_some_and(|c| c.registration.load.timestamp_ms <= *at)
+    });
+    for c in candidates.iter_mut() {
+        let n = placed.values().filter(|(b, _)| *b == c.id).count();
+        c.registration.load.bundles += n as u64;
+    }
+}
 
 /// Whether `pulsar://host:port` accepts a TCP connection. Only a refused or
 /// failed connection counts as unreachable; a timeout (a stopped process
@@ -243,6 +277,9 @@ pub struct Ownership {
     clock: Mutex<LivenessClock>,
     owned: Mutex<HashMap<BundleKey, BundleState>>,
     namespaces: Mutex<HashMap<String, (Bundles, Instant)>>,
+    /// Bundle → (broker chosen here, wall-clock ms) not yet in that
+    /// broker's load report; see [`count_pending_placements`].
+    placed: Mutex<HashMap<String, (String, u64)>>,
     draining: AtomicBool,
     fatal: watch::Sender<bool>,
     stop: watch::Sender<bool>,
@@ -291,6 +328,7 @@ impl Ownership {
             clock: Mutex::new(clock),
             owned: Mutex::new(HashMap::new()),
             namespaces: Mutex::new(HashMap::new()),
+            placed: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             fatal: watch::channel(false).0,
             stop: watch::channel(false).0,
@@ -519,8 +557,18 @@ impl Ownership {
                         live.push(c);
                     }
                 }
-                let candidates = live;
-                match choose_broker(&key.to_string(), &candidates) {
+                let mut candidates = live;
+                let now_ms = wall_ms();
+                let chosen = {
+                    let mut placed = lock(&self.placed);
+                    count_pending_placements(&mut placed, &mut candidates, now_ms);
+                    let chosen = choose_broker(&key.to_string(), &candidates);
+                    if let Some(c) = chosen {
+                        placed.insert(key.to_string(), (c.id.clone(), now_ms));
+                    }
+                    chosen
+                };
+                match chosen {
                     None => {
                         return Err(OwnershipError::Unavailable(format!(
                             "no live broker can own bundle {key}"
@@ -1620,5 +1668,47 @@ mod tests {
             s.own.lookup(&t, false).await.unwrap(),
             LookupAnswer::Connect
         );
+    }
+
+    #[test]
+    fn placements_count_until_the_report_shows_them() {
+        let cand = |id: &str, bundles: u64, ts: u64| Candidate {
+            id: id.into(),
+            registration: Registration {
+                service_url: format!("pulsar://{id}"),
+                load: LoadReport {
+                    bundles,
+                    timestamp_ms: ts,
+                    ..LoadReport::default()
+                },
+                ..Registration::default()
+            },
+        };
+        let mut placed = HashMap::new();
+        // Two bundles placed on b at 1000 and 1001; b's report is from 900.
+        placed.insert("t/ns/r1".to_string(), ("b".to_string(), 1000));
+        placed.insert("t/ns/r2".to_string(), ("b".to_string(), 1001));
+        let mut c = vec![cand("a", 0, 950), cand("b", 0, 900)];
+        count_pending_placements(&mut placed, &mut c, 1100);
+        assert_eq!(
+            (
+                c[0].registration.load.bundles,
+                c[1].registration.load.bundles
+            ),
+            (0, 2)
+        );
+        // The next bundle goes to a, which now scores lower.
+        assert_eq!(choose_broker("t/ns/r3", &c).unwrap().id, "a");
+        // b's report from 1002 includes them: they stop counting.
+        let mut c = vec![cand("a", 0, 950), cand("b", 2, 1002)];
+        count_pending_placements(&mut placed, &mut c, 1200);
+        assert_eq!(c[1].registration.load.bundles, 2);
+        assert!(placed.is_empty());
+        // Old placements are forgotten even without a newer report.
+        placed.insert("t/ns/r4".to_string(), ("a".to_string(), 1000));
+        let mut c = vec![cand("a", 0, 950)];
+        count_pending_placements(&mut placed, &mut c, 1000 + PLACEMENT_MEMORY_MS);
+        assert!(placed.is_empty());
+        assert_eq!(c[0].registration.load.bundles, 0);
     }
 }
