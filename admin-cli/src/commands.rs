@@ -78,6 +78,37 @@ fn progress(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
     Some(pb)
 }
 
+/// Runs `f` (one long request) with a counting progress bar on a terminal:
+/// `remaining()` is polled every 300 ms on another thread and the bar shows
+/// `total - remaining` of `total`. Without a terminal, just `f`.
+fn with_countdown<T>(
+    what: &str,
+    total: u64,
+    remaining: impl Fn() -> Option<u64> + Sync,
+    f: impl FnOnce() -> T,
+) -> T {
+    let Some(pb) = progress(total, what) else {
+        return f();
+    };
+    pb.tick();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if let Some(r) = remaining() {
+                    pb.set_position(total.saturating_sub(r));
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        out
+    });
+    pb.finish_and_clear();
+    out
+}
+
 /// The `(lower, upper)` ranges of a `GET .../bundles` answer.
 fn bundle_ranges(v: &Value) -> AdminResult<Vec<(u64, u64)>> {
     let bad = || AdminError::Local(format!("unexpected bundles answer: {v}"));
@@ -282,9 +313,18 @@ fn namespaces(ctx: &Ctx, c: Namespaces) -> AdminResult<Shown> {
             };
             ctx.confirm(&what)?;
             let q = if force { "?force=true" } else { "" };
-            with_spinner(&format!("deleting {t}/{n}"), || {
-                a.delete(&format!("{}{q}", ns_path(&t, &n)))
-            })?;
+            let delete = || a.delete(&format!("{}{q}", ns_path(&t, &n)));
+            // A forced delete removes the topics one by one: count them down.
+            let topics_path = format!("{}/topics", ns_path(&t, &n));
+            let left = || {
+                a.get(&topics_path)
+                    .ok()
+                    .and_then(|v| v.as_array().map(|x| x.len() as u64))
+            };
+            match left().filter(|n| force && *n > 0) {
+                Some(total) => with_countdown("topics deleted", total, left, delete)?,
+                None => with_spinner(&format!("deleting {t}/{n}"), delete)?,
+            };
             done(format!("namespace {t}/{n} deleted"))
         }
         Namespaces::Topics { namespace } => {

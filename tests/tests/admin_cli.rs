@@ -1234,6 +1234,37 @@ async fn destructive_commands_ask_on_a_terminal() {
     assert!(req.starts_with("DELETE /admin/v2/tenants/acme "), "{req}");
 }
 
+/// On a terminal, a forced namespace delete counts its topics down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_namespace_delete_counts_topics_on_a_terminal() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let url = format!("http://{}", broker.http());
+    let u = url.as_str();
+    admin(u, &["tenants", "create", "acme"]).await.ok();
+    admin(u, &["namespaces", "create", "acme/many"]).await.ok();
+    for i in 0..3 {
+        admin(
+            u,
+            &["topics", "create", &format!("persistent://acme/many/t{i}")],
+        )
+        .await
+        .ok();
+    }
+    let (code, text) = on_a_terminal(
+        u,
+        &["namespaces", "delete", "acme/many", "--force", "--yes"],
+        "",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("/3 topics deleted"), "{text}");
+    assert!(text.contains("namespace acme/many deleted"), "{text}");
+    let left = admin(u, &["namespaces", "list", "acme", "-o", "json"])
+        .await
+        .json();
+    assert_eq!(left, serde_json::json!([]), "{left}");
+}
+
 // `cms-admin quotas` and `cms-admin permissions` (REST of issues 11 and 12).
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
