@@ -20,6 +20,7 @@
 //! added.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -29,6 +30,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value, json};
 
 use cms_client::{Client, CompressionType, InitialPosition, ProducerMessage, SubType};
+
+/// Producers created at the same time before a run (each is a lookup and a
+/// PRODUCER command; the broker loads the topic for it).
+const CREATE_CONCURRENCY: usize = 64;
 
 #[derive(Parser, Debug)]
 #[command(name = "cms-perf", about = "CMS load generator (Pulsar protocol)")]
@@ -123,8 +128,9 @@ struct Common {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Producers (spread over the topics).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// Producers (spread over the topics; created at most
+    /// `CREATE_CONCURRENCY` at a time before the timed phase starts).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10000))]
     producers: u32,
     /// Consumers (spread over the topics).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -221,15 +227,31 @@ async fn produce(
     stamp: bool,
 ) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
     let topics = a.topic_names();
-    let pb = progress(a.messages, "produce");
-    let mut tasks = Vec::new();
+    // Every producer exists before the first timed send: creating 10,000
+    // at once (W4) would only measure lookups queueing behind each other
+    // and run into the client's operation timeout.
+    let permits = Arc::new(tokio::sync::Semaphore::new(CREATE_CONCURRENCY));
+    let mut creating = Vec::with_capacity(a.producers as usize);
     for p in 0..a.producers {
         let topic = topics[p as usize % topics.len()].clone();
+        let (client, a, permits) = (client.clone(), a.clone(), permits.clone());
+        creating.push(tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await?;
+            create_producer(&client, &a, &topic).await
+        }));
+    }
+    let mut producers = Vec::with_capacity(creating.len());
+    for c in creating {
+        producers.push(c.await??);
+    }
+    let pb = progress(a.messages, "produce");
+    let mut tasks = Vec::new();
+    for (p, producer) in (0..a.producers).zip(producers) {
         let n = share(a.messages, a.producers, p);
         let rate = a.rate / f64::from(a.producers);
-        let (client, a, pb) = (client.clone(), a.clone(), pb.clone());
+        let (a, pb) = (a.clone(), pb.clone());
         tasks.push(tokio::spawn(async move {
-            produce_one(&client, &a, topic, n, rate, stamp, pb).await
+            produce_one(producer, &a, n, rate, stamp, pb).await
         }));
     }
     let mut h = histogram();
@@ -244,18 +266,14 @@ async fn produce(
     Ok((h, errors, elapsed))
 }
 
-/// One producer: `n` messages to `topic` at `rate` (0 = max).
-async fn produce_one(
+/// A producer on `topic` with the run's settings.
+async fn create_producer(
     client: &Client,
     a: &Common,
-    topic: String,
-    n: u64,
-    rate: f64,
-    stamp: bool,
-    pb: ProgressBar,
-) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
-    let producer = client
-        .producer(&topic)
+    topic: &str,
+) -> anyhow::Result<cms_client::Producer> {
+    client
+        .producer(topic)
         .batching(a.batching)
         .batching_max_delay(Duration::from_millis(a.batch_max_delay_ms))
         .compression(compression(a.compression))
@@ -263,7 +281,18 @@ async fn produce_one(
         .block_if_queue_full(true)
         .create()
         .await
-        .context("creating the producer")?;
+        .with_context(|| format!("creating the producer of {topic}"))
+}
+
+/// One producer: `n` messages at `rate` (0 = max).
+async fn produce_one(
+    producer: cms_client::Producer,
+    a: &Common,
+    n: u64,
+    rate: f64,
+    stamp: bool,
+    pb: ProgressBar,
+) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
     let (tx, mut rx) =
         tokio::sync::mpsc::channel::<(Instant, cms_client::SendFuture)>(a.max_pending.max(1) + 1);
     let pb2 = pb.clone();
