@@ -446,14 +446,18 @@ async fn backlog_eviction_drops_the_oldest_backlog() {
 }
 
 /// The owner's `pulsar://` URL of `topic` (`t/ns/local`) through the HTTP
-/// lookup of the broker at `http` (redirects followed).
-async fn owner(http: std::net::SocketAddr, topic: &str) -> String {
+/// lookup of the broker at `http` (redirects followed); `authoritative`:
+/// the broker asked takes an unowned bundle itself (what a redirected
+/// client's lookup does) instead of placing it by load.
+async fn owner_via(http: std::net::SocketAddr, topic: &str, authoritative: bool) -> String {
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
         .build()
         .expect("client");
     let v: Value = client
-        .get(format!("http://{http}/lookup/v2/topic/persistent/{topic}"))
+        .get(format!(
+            "http://{http}/lookup/v2/topic/persistent/{topic}?authoritative={authoritative}"
+        ))
         .send()
         .await
         .expect("lookup")
@@ -483,31 +487,14 @@ async fn tenant_publish_quota_holds_across_two_brokers_and_namespaces() {
     )
     .await;
     assert_eq!(st, 204, "{v}");
-    // One topic of ns1 owned by broker a, one of ns2 owned by broker b
-    // (bundles are placed on the least-loaded broker; look up candidates).
-    let mut on_a = None;
-    let mut on_b = None;
-    for i in 0..64 {
-        if on_a.is_none() {
-            let t = format!("qcl/ns1/t{i}");
-            if owner(a.http(), &t).await == a.service_url() {
-                on_a = Some(t);
-            }
-        }
-        if on_b.is_none() {
-            let t = format!("qcl/ns2/t{i}");
-            if owner(a.http(), &t).await == b.service_url() {
-                on_b = Some(t);
-            }
-        }
-        if on_a.is_some() && on_b.is_some() {
-            break;
-        }
-    }
-    let (ta, tb) = (
-        format!("persistent://{}", on_a.expect("a topic of ns1 on broker a")),
-        format!("persistent://{}", on_b.expect("a topic of ns2 on broker b")),
-    );
+    // One topic of ns1 owned by broker a, one of ns2 owned by broker b:
+    // both namespaces are new (every bundle unowned), and an authoritative
+    // lookup makes the broker asked take the bundle (placement by load
+    // would depend on the brokers' CPU at that moment).
+    let (ta, tb) = ("qcl/ns1/t0", "qcl/ns2/t0");
+    assert_eq!(owner_via(a.http(), ta, true).await, a.service_url());
+    assert_eq!(owner_via(b.http(), tb, true).await, b.service_url());
+    let (ta, tb) = (format!("persistent://{ta}"), format!("persistent://{tb}"));
     // Each producer alone would go at full speed; together they must share
     // 200/s: 1200 messages take about 6 s.
     const EACH: u64 = 600;
