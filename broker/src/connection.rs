@@ -1178,6 +1178,15 @@ impl Conn {
                 return;
             }
             Ok(ProducerAdmission::Ready(g)) => {
+                if let Some(epoch) = g.topic_epoch
+                    && let Err(e) = topic.store_topic_epoch(epoch).await
+                {
+                    warn!(topic = %topic.name, producer = %g.name, epoch, error = %e, "storing the topic epoch failed; producer refused");
+                    topic.remove_producer(key);
+                    self.send_error(c.request_id, topic_error_reply(&e.into()))
+                        .await;
+                    return;
+                }
                 ready.store(true, Ordering::Release);
                 self.send(with_schema_version(
                     commands::producer_success(
@@ -1205,9 +1214,25 @@ impl Conn {
                 let request_id = c.request_id;
                 let t = topic.clone();
                 let schema_version = schema_version.clone();
+                let events = self.events_tx.clone();
+                let producer_id = c.producer_id;
                 tokio::spawn(
                     async move {
                         if let Ok(g) = rx.await {
+                            if let Some(epoch) = g.topic_epoch
+                                && let Err(e) = t.store_topic_epoch(epoch).await
+                            {
+                                // The client re-creates the producer after
+                                // CLOSE_PRODUCER and waits again.
+                                warn!(topic = %t.name, producer = %g.name, epoch, error = %e, "storing the topic epoch failed; producer closed");
+                                let _ = events
+                                    .send(ConnEvent::ProducerClosed {
+                                        producer_id,
+                                        generation,
+                                    })
+                                    .await;
+                                return;
+                            }
                             ready.store(true, Ordering::Release);
                             let _ = out
                                 .send(Frame::Command(with_schema_version(

@@ -16,7 +16,10 @@
 //! - at most `producers_max` producers (connected plus waiting).
 //!
 //! Pure: no I/O, no clock. The caller (the topic) holds it under a lock and
-//! sends what the returned [`Grant`]s say.
+//! sends what the returned [`Grant`]s say; it stores each granted epoch in
+//! the managed ledger's properties before the producer hears of the grant,
+//! and starts a reloaded topic from the stored one ([`Producers::with_epoch`]),
+//! so epochs only grow across unloads, restarts and owner changes.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -104,6 +107,15 @@ impl Producers {
             waiting: VecDeque::new(),
             exclusive_holder: None,
             topic_epoch: 0,
+        }
+    }
+
+    /// Like [`Producers::new`], continuing from a stored topic epoch (the
+    /// next exclusive grant gets `topic_epoch + 1`).
+    pub fn with_epoch(producers_max: usize, topic_epoch: u64) -> Self {
+        Self {
+            topic_epoch,
+            ..Self::new(producers_max)
         }
     }
 
@@ -251,6 +263,20 @@ impl Producers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reloaded_topic_continues_from_the_stored_epoch() {
+        let mut p = Producers::with_epoch(10, 5);
+        let mut stale = req(1, 1, "old", AccessMode::Exclusive);
+        stale.topic_epoch = Some(4);
+        assert!(matches!(p.add(stale), Err(ProducerRefusal::Fenced(_))));
+        let mut current = req(1, 2, "cur", AccessMode::Exclusive);
+        current.topic_epoch = Some(5);
+        match p.add(current) {
+            Ok(AddOutcome::Ready(g)) => assert_eq!(g.topic_epoch, Some(6)),
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
 
     fn req(conn: u64, id: u64, name: &str, mode: AccessMode) -> ProducerRequest {
         ProducerRequest {

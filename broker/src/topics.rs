@@ -130,6 +130,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The managed-ledger property that holds the topic epoch (the last one
+/// granted to an exclusive producer).
+pub const TOPIC_EPOCH_PROPERTY: &str = "cms.topic.epoch";
+
+/// The topic epoch stored in `ml`'s properties (0 if none). An unreadable
+/// value is logged and read as 0.
+fn stored_topic_epoch(ml: &ManagedLedger, name: &TopicName) -> u64 {
+    let Some(v) = ml.property(TOPIC_EPOCH_PROPERTY) else {
+        return 0;
+    };
+    v.parse().unwrap_or_else(|_| {
+        warn!(tenant = %name.tenant, namespace = %name.namespace, topic = %name, value = %v, "unreadable stored topic epoch; starting from 0");
+        0
+    })
+}
+
 /// A producer's place on a topic, as granted by [`Topic::add_producer`].
 #[derive(Debug)]
 pub enum ProducerAdmission {
@@ -202,6 +218,26 @@ impl Topic {
     /// The current topic epoch.
     pub fn topic_epoch(&self) -> u64 {
         lock(&self.producers).topic_epoch()
+    }
+
+    /// Stores a granted topic epoch in the managed ledger's properties
+    /// (never lowering the stored one); the producer hears of its grant only
+    /// after this, so a reloaded topic, here or on another broker, still
+    /// fences producers of older epochs.
+    pub async fn store_topic_epoch(&self, epoch: u64) -> Result<(), MlError> {
+        self.ml
+            .update_properties(|props| {
+                let stored = props
+                    .get(TOPIC_EPOCH_PROPERTY)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if stored >= epoch {
+                    return false;
+                }
+                props.insert(TOPIC_EPOCH_PROPERTY.to_string(), epoch.to_string());
+                true
+            })
+            .await
     }
 
     fn mark_closing(&self) {
@@ -474,10 +510,14 @@ impl Topics {
             }
             None
         };
+        let topic_epoch = stored_topic_epoch(&ml, &name);
         let topic = Arc::new(Topic {
             name: name.clone(),
             ml,
-            producers: Mutex::new(Producers::new(ctx.producers_per_topic_max)),
+            producers: Mutex::new(Producers::with_epoch(
+                ctx.producers_per_topic_max,
+                topic_epoch,
+            )),
             waiters: Mutex::new(HashMap::new()),
             subscriptions: Subscriptions::default(),
             policies,

@@ -2,7 +2,14 @@
 Shared on the queue's subscription with a dead-letter policy of
 --max-redeliveries to --dlq; negatively acknowledges every delivery of
 --count messages until they reach the DLQ, then reads them from the DLQ.
-Prints {"dead": [payloads read from the DLQ], "deliveries": n}."""
+With --backlog-url (the queue's admin stats), it then waits, bounded by
+--timeout-ms, until the queue's msgBacklog is 0 before it closes the client.
+Prints {"dead": [payloads read from the DLQ], "deliveries": n,
+"backlog": the last msgBacklog read (null without --backlog-url)}."""
+import json
+import time
+import urllib.request
+
 import pulsar
 
 import common
@@ -12,6 +19,7 @@ p.add_argument("--sub", default="queue")
 p.add_argument("--dlq", required=True)
 p.add_argument("--max-redeliveries", type=int, required=True)
 p.add_argument("--count", type=int, default=2)
+p.add_argument("--backlog-url", help="GET URL of the queue's stats (JSON with msgBacklog)")
 args = p.parse_args()
 
 client = common.client(args)
@@ -37,10 +45,23 @@ try:
         d = dl.receive(args.timeout_ms)
         dl.acknowledge(d)
         dead.append(d.data().decode(errors="replace"))
-    # Not closed before client.close(): pulsar-client-cpp 4.2 acks the
-    # original message from the DLQ producer's send callback (see features.py).
+    # Not closed before client.close(): pulsar-client-cpp acks the original
+    # message from the DLQ producer's send callback and crashes (SIGSEGV) if
+    # the consumer or the client is being closed at that moment (see
+    # features.py). The dead letter can be read back before that callback has
+    # run, so with --backlog-url this waits for the broker to have the acks
+    # (the backlog reaches 0) before anything is closed.
     keep_open.extend([cons, dl])
-    common.done({"dead": sorted(dead), "deliveries": deliveries})
+    backlog = None
+    if args.backlog_url:
+        deadline = time.monotonic() + args.timeout_ms / 1000
+        while True:
+            with urllib.request.urlopen(args.backlog_url, timeout=5) as r:
+                backlog = json.load(r).get("msgBacklog")
+            if backlog == 0 or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    common.done({"dead": sorted(dead), "deliveries": deliveries, "backlog": backlog})
 except Exception as e:  # noqa: BLE001
     common.done({"error": f"{type(e).__name__}: {e}"}, ok=False)
 finally:

@@ -3,7 +3,9 @@
 //! bound pause reading but every receipt arrives, in order; connections per
 //! IP are bounded; the broker pings an idle connection and closes one that
 //! stays silent (G9); WaitForExclusive producers get `producer_ready=false`
-//! and then a second PRODUCER_SUCCESS when the exclusive one leaves (G12).
+//! and then a second PRODUCER_SUCCESS when the exclusive one leaves (G12);
+//! the topic epoch is stored, so an unloaded topic still fences producers of
+//! older epochs.
 
 use bytes::Bytes;
 use cms_client::proto::commands;
@@ -181,4 +183,55 @@ async fn wait_for_exclusive_producer_is_granted_when_the_holder_leaves() {
         .send_receipt
         .expect("receipt");
     assert_eq!((r.producer_id, r.sequence_id), (7, 0));
+}
+
+/// An exclusive producer on `topic` (presenting `epoch`, if any); the answer.
+async fn exclusive_producer(
+    c: &mut RawPulsarClient,
+    topic: &str,
+    producer_id: u64,
+    request_id: u64,
+    epoch: Option<u64>,
+) -> cms_client::proto::pulsar::BaseCommand {
+    let mut cmd = commands::producer(topic, producer_id, request_id, None);
+    if let Some(p) = cmd.producer.as_mut() {
+        p.producer_access_mode = Some(ProducerAccessMode::Exclusive as i32);
+        p.topic_epoch = epoch;
+    }
+    c.send(cmd).await;
+    c.recv().await.expect("an answer to PRODUCER")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_epoch_survives_unloads_and_fences_older_exclusive_producers() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let topic = "persistent://public/default/excl-epoch";
+    let unload = "/admin/v2/persistent/public/default/excl-epoch/unload";
+    let mut c = RawPulsarClient::connected(broker.pulsar()).await;
+
+    let first = exclusive_producer(&mut c, topic, 1, 1, None).await;
+    assert_eq!(first.producer_success.expect("ps").topic_epoch, Some(1));
+    c.send(commands::close_producer(1, 2)).await;
+    assert!(c.recv().await.expect("SUCCESS").success.is_some());
+    broker.admin_ok(reqwest::Method::PUT, unload, None).await;
+
+    // Reloaded from the managed ledger's properties: the next grant is 2,
+    // not 1 again.
+    let second = exclusive_producer(&mut c, topic, 2, 3, None).await;
+    assert_eq!(second.producer_success.expect("ps").topic_epoch, Some(2));
+    c.send(commands::close_producer(2, 4)).await;
+    assert!(c.recv().await.expect("SUCCESS").success.is_some());
+    broker.admin_ok(reqwest::Method::PUT, unload, None).await;
+
+    // A producer of epoch 1 comes back after the topic moved: fenced.
+    let stale = exclusive_producer(&mut c, topic, 3, 5, Some(1)).await;
+    let err = stale.error.expect("ERROR for a stale epoch");
+    assert_eq!(
+        err.error,
+        cms_client::proto::pulsar::ServerError::ProducerFenced as i32,
+        "{err:?}"
+    );
+    // The current one reconnects with its epoch and is granted the next.
+    let current = exclusive_producer(&mut c, topic, 4, 6, Some(2)).await;
+    assert_eq!(current.producer_success.expect("ps").topic_epoch, Some(3));
 }

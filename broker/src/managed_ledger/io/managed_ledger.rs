@@ -1241,6 +1241,30 @@ impl ManagedLedger {
         self.shared.core().list.clone()
     }
 
+    /// One topic property (stored with the ledger list).
+    pub fn property(&self, key: &str) -> Option<String> {
+        self.shared.core().list.properties().get(key).cloned()
+    }
+
+    /// Changes the topic properties with `f` (which says whether it changed
+    /// anything) and stores the list, read-modify-CAS like every list update;
+    /// returns once stored. A version conflict fences this owner
+    /// ([`MlError::Fenced`]); a terminal handle stores nothing.
+    pub async fn update_properties(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, String>) -> bool,
+    ) -> Result<(), MlError> {
+        if let Some(e) = self.shared.terminal() {
+            return Err(e);
+        }
+        let changed = f(self.shared.core().list.properties_mut());
+        if changed {
+            self.shared.persist_list().await
+        } else {
+            Ok(())
+        }
+    }
+
     /// The last confirmed position.
     pub fn last_confirmed(&self) -> Position {
         self.shared.core().list.last_confirmed_position()
