@@ -196,6 +196,34 @@ pub async fn start_bookies(zk: &str, n: usize) -> Vec<BookieNode> {
     out
 }
 
+/// The cluster-mode topology of the broker system tests, as processes:
+/// ZooKeeper, bookies `b1..=b3` and one `cms-broker serve` (its default
+/// E/Qw/Qa = 3/3/2). Dropped in field order: the broker first, ZooKeeper last.
+pub struct BrokerCluster {
+    /// The broker.
+    pub broker: BrokerNode,
+    /// The bookies.
+    pub bookies: Vec<BookieNode>,
+    /// ZooKeeper.
+    pub zk: crate::harness::zookeeper::ZooKeeper,
+}
+
+impl BrokerCluster {
+    /// Starts ZooKeeper, three bookies and a broker named `broker` with
+    /// `extra` flags; returns once the broker is ready.
+    pub async fn start(extra: &[&str]) -> BrokerCluster {
+        let zk = crate::harness::zookeeper::ZooKeeper::start().await;
+        let zks = zk.connect_string();
+        let bookies = start_bookies(&zks, 3).await;
+        let broker = BrokerNode::start_cluster("broker", &zks, extra).await;
+        BrokerCluster {
+            broker,
+            bookies,
+            zk,
+        }
+    }
+}
+
 /// What a managed ledger needs in process tests: a ledger client with test
 /// timeouts and a metadata store, each in its own ZooKeeper session (a "broker").
 pub async fn managed_ledger_env(zk: &str) -> (LedgerClient, Arc<dyn MetadataStore>, Layout) {

@@ -14,9 +14,8 @@
 //! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
 //! without one the tests fail naming the install command.
 
-use cms_tests::cluster::{BookieNode, BrokerNode, start_bookies};
+use cms_tests::cluster::{BrokerCluster, BrokerNode};
 use cms_tests::harness::wait::eventually;
-use cms_tests::harness::zookeeper::ZooKeeper;
 use cms_tests::history::{CheckOptions, EventKind, SendOp, check};
 use cms_tests::pulsar_py::{
     ScriptRun, StampedFault, base_args, client_resends_across, count_lines_containing,
@@ -286,28 +285,9 @@ async fn standalone_kill_9_mid_consume_and_ack_loses_nothing() {
 
 // ---------------------------------------------------------------- cluster
 
-/// ZooKeeper, three bookies and a cluster-mode broker, as processes.
-struct Cluster {
-    broker: BrokerNode,
-    _bookies: Vec<BookieNode>,
-    _zk: ZooKeeper,
-}
-
-async fn cluster() -> Cluster {
-    let zk = ZooKeeper::start().await;
-    let zks = zk.connect_string();
-    let bookies = start_bookies(&zks, 3).await;
-    let broker = BrokerNode::start_cluster("broker", &zks, &[]).await;
-    Cluster {
-        broker,
-        _bookies: bookies,
-        _zk: zk,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_subscriptions_batching_and_resume() {
-    let mut c = cluster().await;
+    let mut c = BrokerCluster::start(&[]).await;
     let url = c.broker.service_url();
     let mut runs = subscription_types(&url).await;
     runs.extend(batching_with_each_compression(&url).await);
@@ -318,6 +298,6 @@ async fn cluster_subscriptions_batching_and_resume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_kill_9_mid_consume_and_ack_loses_nothing() {
-    let mut c = cluster().await;
+    let mut c = BrokerCluster::start(&[]).await;
     kill_9_mid_consume_and_ack(&mut c.broker, "cluster").await;
 }

@@ -4,6 +4,7 @@
 //! and after a `kill -9` of the broker, and PRODUCER_SUCCESS announces the
 //! last persisted id; with the policy off the same sends are stored twice
 //! and −1 is announced; turning the policy on applies to a loaded topic.
+//! Both also in cluster mode (ZooKeeper, three bookies, broker).
 //! On the raw protocol (broker default on): a duplicate sent right behind
 //! its original is acknowledged only after it, with message id (-1, -1).
 
@@ -13,7 +14,9 @@ use bytes::Bytes;
 use cms_client::proto::commands;
 use cms_client::proto::frame::{ChecksumState, Frame, PayloadFrame, entry_from_parts};
 use cms_client::proto::pulsar::MessageMetadata;
-use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, RawPulsarClient, run_python};
+use cms_tests::cluster::{
+    BrokerCluster, BrokerNode, PYTHON_TIMEOUT_MS, RawPulsarClient, run_python,
+};
 use futures::SinkExt;
 
 /// Bound on the policy change reaching a loaded topic.
@@ -78,20 +81,42 @@ fn payloads(ids: impl IntoIterator<Item = i64>) -> Vec<String> {
     ids.into_iter().map(|i| format!("m-{i}")).collect()
 }
 
+/// Snapshots every 4 entries: a restart restores a snapshot and replays the
+/// entries after it.
+const SNAPSHOT_EVERY_4: &str = "--dedup-snapshot-entries=4";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resent_sequence_ids_are_stored_once_across_a_kill_9() {
-    // Snapshots every 4 entries: the restart restores a snapshot and
-    // replays the entries after it.
-    let mut broker = BrokerNode::start_standalone(&["--dedup-snapshot-entries=4"]).await;
+    let mut broker = BrokerNode::start_standalone(&[SNAPSHOT_EVERY_4]).await;
+    stored_once_across_a_kill_9(&mut broker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_policy_off_resends_are_stored_twice_until_it_is_turned_on() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    stored_twice_until_turned_on(&broker).await;
+}
+
+/// Both cases in cluster mode (ZooKeeper, 3 bookies, broker as processes):
+/// after the `kill -9` the restarted broker takes the topic over once the
+/// dead one's ZooKeeper session has expired, and recovers its ledgers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_mode_stores_resends_once_with_the_policy_and_twice_without() {
+    let mut c = BrokerCluster::start(&[SNAPSHOT_EVERY_4]).await;
+    stored_once_across_a_kill_9(&mut c.broker).await;
+    stored_twice_until_turned_on(&c.broker).await;
+}
+
+async fn stored_once_across_a_kill_9(broker: &mut BrokerNode) {
     admin(
-        &broker,
+        broker,
         reqwest::Method::PUT,
         "/admin/v2/namespaces/public/dd",
         None,
     )
     .await;
     admin(
-        &broker,
+        broker,
         reqwest::Method::POST,
         "/admin/v2/namespaces/public/dd/deduplication",
         Some("true"),
@@ -160,11 +185,9 @@ async fn resent_sequence_ids_are_stored_once_across_a_kill_9() {
     assert_eq!(subs, ["s1", "s2", "s3"], "{stats}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_policy_off_resends_are_stored_twice_until_it_is_turned_on() {
-    let broker = BrokerNode::start_standalone(&[]).await;
+async fn stored_twice_until_turned_on(broker: &BrokerNode) {
     admin(
-        &broker,
+        broker,
         reqwest::Method::PUT,
         "/admin/v2/namespaces/public/plain",
         None,
@@ -184,7 +207,7 @@ async fn with_the_policy_off_resends_are_stored_twice_until_it_is_turned_on() {
     // Turn it on while the topic is loaded: the broker reloads the topic;
     // poll until a fresh producer name's resend is recognised.
     admin(
-        &broker,
+        broker,
         reqwest::Method::POST,
         "/admin/v2/namespaces/public/plain/deduplication",
         Some("true"),

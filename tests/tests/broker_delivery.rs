@@ -12,8 +12,7 @@
 //! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
 //! without one the tests fail naming the install command.
 
-use cms_tests::cluster::{BrokerNode, start_bookies};
-use cms_tests::harness::zookeeper::ZooKeeper;
+use cms_tests::cluster::{BrokerCluster, BrokerNode};
 use cms_tests::pulsar_py::{ScriptRun, base_args, run, unique_topic};
 
 /// Bound on one script run, in milliseconds.
@@ -115,12 +114,9 @@ async fn batch_index_acks_redeliver_only_the_unacked_messages_of_a_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_delayed_batch_index_seek_by_time_and_chunked() {
-    let zk = ZooKeeper::start().await;
-    let zks = zk.connect_string();
-    let _bookies = start_bookies(&zks, 3).await;
     let flag = format!("--message-bytes-max={CHUNK_CASE_MESSAGE_BYTES_MAX}");
-    let broker = BrokerNode::start_cluster("broker", &zks, &[flag.as_str()]).await;
-    let url = broker.service_url();
+    let c = BrokerCluster::start(&[flag.as_str()]).await;
+    let url = c.broker.service_url();
     let runs = [
         case(&url, "delayed_delivery.py", "cluster-delayed", &[]).await,
         case(&url, "batch_index_ack.py", "cluster-batch-index", &[]).await,

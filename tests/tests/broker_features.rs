@@ -9,8 +9,7 @@
 //! The interpreter is `$CMS_TEST_PYTHON`, else `<repo>/.venv/bin/python`;
 //! without one the tests fail naming the install command.
 
-use cms_tests::cluster::{BrokerNode, start_bookies};
-use cms_tests::harness::zookeeper::ZooKeeper;
+use cms_tests::cluster::{BrokerCluster, BrokerNode};
 use cms_tests::pulsar_py::{ScriptRun, base_args, run, unique_topic};
 
 /// Bound on one script run, in milliseconds.
@@ -48,19 +47,12 @@ async fn standalone_partitioned_topics_auto_created_round_robin_keys_and_pattern
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_key_shared_and_partitioned_topics() {
-    let zk = ZooKeeper::start().await;
-    let zks = zk.connect_string();
-    let _bookies = start_bookies(&zks, 3).await;
-    let broker = BrokerNode::start_cluster(
-        "broker",
-        &zks,
-        &[
-            "--allow-auto-topic-creation-type=partitioned",
-            "--default-num-partitions=3",
-        ],
-    )
+    let c = BrokerCluster::start(&[
+        "--allow-auto-topic-creation-type=partitioned",
+        "--default-num-partitions=3",
+    ])
     .await;
-    let url = broker.service_url();
+    let url = c.broker.service_url();
     let runs = [
         case(&url, "partitioned.py", "cluster-partitioned", &[]).await,
         case(&url, "key_shared.py", "cluster-key-shared", &[]).await,

@@ -1,6 +1,7 @@
 //! Non-persistent topics through the official Python client against a
-//! standalone broker: every subscription receives (Shared spread over two
-//! consumers, Exclusive), a consumer that does not receive loses messages
+//! standalone broker (and, for fan-out and partitions, in cluster mode):
+//! every subscription receives (Shared spread over two consumers,
+//! Exclusive), a consumer that does not receive loses messages
 //! (counted in `/metrics`) without slowing the producer, a late subscriber
 //! gets nothing published before it, nothing is stored (no managed-ledger
 //! node: the admin topic list stays empty) and nothing comes back after a
@@ -9,7 +10,8 @@
 //! non-persistent topic is listed and has stats in the admin REST.
 
 use cms_tests::cluster::{
-    BrokerNode, PYTHON_TIMEOUT_MS, finish_python, metric_value, run_python, spawn_python,
+    BrokerCluster, BrokerNode, PYTHON_TIMEOUT_MS, finish_python, metric_value, run_python,
+    spawn_python,
 };
 use cms_tests::harness::http;
 
@@ -25,6 +27,25 @@ fn strs(v: &serde_json::Value, key: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_persistent_fan_out_drops_and_stores_nothing() {
     let mut broker = BrokerNode::start_standalone(&[]).await;
+    fan_out_drops_and_stores_nothing(&mut broker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_non_persistent_topic_uses_every_partition() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    partitioned_uses_every_partition(&broker).await;
+}
+
+/// Both in cluster mode (ZooKeeper, 3 bookies, broker as processes):
+/// bookies are never written for a non-persistent topic either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_mode_non_persistent_fan_out_and_partitions() {
+    let mut c = BrokerCluster::start(&[]).await;
+    fan_out_drops_and_stores_nothing(&mut c.broker).await;
+    partitioned_uses_every_partition(&c.broker).await;
+}
+
+async fn fan_out_drops_and_stores_nothing(broker: &mut BrokerNode) {
     let url = broker.service_url();
     let topic = "non-persistent://public/default/np-fanout";
     let count = 200usize;
@@ -127,9 +148,7 @@ async fn non_persistent_fan_out_drops_and_stores_nothing() {
     assert!(!body.contains("np-fanout"), "stored topics: {body}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_non_persistent_topic_uses_every_partition() {
-    let broker = BrokerNode::start_standalone(&[]).await;
+async fn partitioned_uses_every_partition(broker: &BrokerNode) {
     let c = http::client();
     let response = c
         .put(format!(

@@ -1,4 +1,5 @@
-//! The schema registry against `cms-broker standalone`: the official Python
+//! The schema registry against `cms-broker standalone` and in cluster mode
+//! (ZooKeeper, three bookies, broker): the official Python
 //! client (pulsar-client 3.13) evolves an Avro schema (compatible v2 accepted,
 //! incompatible changes refused with IncompatibleSchema under the default
 //! FULL strategy), reads old data with a new schema through GET_SCHEMA, and
@@ -11,7 +12,9 @@ use cms_client::proto::commands;
 use cms_client::proto::pulsar::{
     BaseCommand, CommandGetSchema, Schema, ServerError, base_command::Type,
 };
-use cms_tests::cluster::{BrokerNode, PYTHON_TIMEOUT_MS, RawPulsarClient, run_python};
+use cms_tests::cluster::{
+    BrokerCluster, BrokerNode, PYTHON_TIMEOUT_MS, RawPulsarClient, run_python,
+};
 
 /// `method path` with a JSON body: (status, body as JSON or Null).
 async fn admin(
@@ -63,9 +66,20 @@ async fn producer_with(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_evolution_with_the_python_client_and_get_schema() {
     let broker = BrokerNode::start_standalone(&[]).await;
+    schema_evolution(&broker).await;
+}
+
+/// The same in cluster mode: schemas stored in ZooKeeper, data on 3 bookies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_mode_schema_evolution_with_the_python_client_and_get_schema() {
+    let c = BrokerCluster::start(&[]).await;
+    schema_evolution(&c.broker).await;
+}
+
+async fn schema_evolution(broker: &BrokerNode) {
     let url = broker.service_url();
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::PUT,
         "/admin/v2/persistent/public/default/schemas-part/partitions",
         Some(serde_json::json!(3)),
@@ -117,9 +131,14 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     );
     // By version.
     c.send(get_schema(2, topic, Some(0))).await;
-    let r = c.recv().await.unwrap().get_schema_response.unwrap();
+    let r = c
+        .recv()
+        .await
+        .expect("an answer")
+        .get_schema_response
+        .expect("GET_SCHEMA_RESPONSE");
     assert_eq!(r.schema_version.as_deref(), Some(&0u64.to_be_bytes()[..]));
-    assert!(!String::from_utf8_lossy(&r.schema.unwrap().schema_data).contains("\"age\""));
+    assert!(!String::from_utf8_lossy(&r.schema.expect("schema").schema_data).contains("\"age\""));
     // No schema: TopicNotFound (G14).
     c.send(get_schema(
         3,
@@ -127,14 +146,24 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         None,
     ))
     .await;
-    let r = c.recv().await.unwrap().get_schema_response.unwrap();
+    let r = c
+        .recv()
+        .await
+        .expect("an answer")
+        .get_schema_response
+        .expect("GET_SCHEMA_RESPONSE");
     assert_eq!(r.error_code, Some(ServerError::TopicNotFound as i32));
 
     // Every partition answers with the partitioned topic's one version.
     for i in 0..3 {
         let part = format!("persistent://public/default/schemas-part-partition-{i}");
         c.send(get_schema(10 + i, &part, None)).await;
-        let r = c.recv().await.unwrap().get_schema_response.unwrap();
+        let r = c
+            .recv()
+            .await
+            .expect("an answer")
+            .get_schema_response
+            .expect("GET_SCHEMA_RESPONSE");
         assert_eq!(r.error_code, None, "{part}: {:?}", r.error_message);
         assert_eq!(
             r.schema_version.as_deref(),
@@ -172,7 +201,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     // Admin REST: the same history, uploads checked like producers, delete.
     let base = "/admin/v2/schemas/public/default/schemas-raw";
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::GET,
         &format!("{base}/schema"),
         None,
@@ -184,7 +213,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         "{v}"
     );
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::GET,
         &format!("{base}/schema/0"),
         None,
@@ -192,7 +221,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     .await;
     assert_eq!((st, v["version"].as_u64()), (200, Some(0)), "{v}");
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::GET,
         &format!("{base}/schemas"),
         None,
@@ -211,7 +240,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     });
     let post = |body| {
         admin(
-            &broker,
+            broker,
             reqwest::Method::POST,
             "/admin/v2/schemas/public/default/schemas-raw/schema",
             Some(body),
@@ -228,7 +257,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     );
     // ALWAYS_COMPATIBLE for the namespace: the same upload becomes version 2.
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::POST,
         "/admin/v2/namespaces/public/default/schemaCompatibilityStrategy",
         Some(serde_json::json!("ALWAYS_COMPATIBLE")),
@@ -242,7 +271,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         "{v}"
     );
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::DELETE,
         &format!("{base}/schema"),
         None,
@@ -254,7 +283,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
         "{v}"
     );
     let (st, _) = admin(
-        &broker,
+        broker,
         reqwest::Method::GET,
         &format!("{base}/schema"),
         None,
@@ -262,7 +291,7 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     .await;
     assert_eq!(st, 404);
     let (st, _) = admin(
-        &broker,
+        broker,
         reqwest::Method::GET,
         "/admin/v2/schemas/public/nope/t/schema",
         None,
@@ -271,16 +300,16 @@ async fn schema_evolution_with_the_python_client_and_get_schema() {
     assert_eq!(st, 404);
     // Deleting a topic takes its schema with it.
     let json_schema = "/admin/v2/schemas/public/default/schemas-json/schema";
-    let (st, _) = admin(&broker, reqwest::Method::GET, json_schema, None).await;
+    let (st, _) = admin(broker, reqwest::Method::GET, json_schema, None).await;
     assert_eq!(st, 200);
     let (st, v) = admin(
-        &broker,
+        broker,
         reqwest::Method::DELETE,
         "/admin/v2/persistent/public/default/schemas-json?force=true",
         None,
     )
     .await;
     assert!(st == 200 || st == 204, "{st} {v}");
-    let (st, _) = admin(&broker, reqwest::Method::GET, json_schema, None).await;
+    let (st, _) = admin(broker, reqwest::Method::GET, json_schema, None).await;
     assert_eq!(st, 404);
 }

@@ -515,6 +515,21 @@ impl Ownership {
                     let rec: OwnerRecord = serde_json::from_slice(&data).map_err(|e| {
                         OwnershipError::Metadata(format!("ownership node {path}: {e}"))
                     })?;
+                    if rec.broker_id == self.cfg.broker_id
+                        || rec.service_url == self.cfg.service_url
+                    {
+                        // Left by an earlier incarnation of this broker
+                        // (restarted after a crash, its session not expired
+                        // yet): redirecting the client here again would loop
+                        // (the client gives up with TooManyLookupRequest
+                        // after its redirect limit). Wait for the node to go.
+                        if self.wait_gone(&path).await? {
+                            continue;
+                        }
+                        return Err(OwnershipError::Unavailable(format!(
+                            "Namespace bundle {key} is being unloaded: still held by an earlier session of this broker"
+                        )));
+                    }
                     if !reachable(&rec.service_url).await {
                         // The owner's process is gone (connection refused)
                         // but its session has not expired yet: wait for the
@@ -1434,6 +1449,46 @@ mod tests {
             None
         );
         assert!(!other.own.unload_bundle(&key, "again").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_node_left_by_an_earlier_session_of_this_broker_is_waited_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = node(&backend, "x", true).await;
+        let t = topic("persistent://public/default/reborn");
+        let key = x.own.bundle_of(&t).await.unwrap();
+        let path = x.own.node_path(&key);
+        // The crashed incarnation's node: same record, another session.
+        let old = backend.session();
+        old.create_all(cms_bookie::metadata::parent_of(&path).unwrap())
+            .await
+            .unwrap();
+        old.create(
+            &path,
+            &serde_json::to_vec(&x.own.own_record()).unwrap(),
+            CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
+        // Never a redirect to itself: the lookup waits while the node lives.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), x.own.lookup(&t, true))
+                .await
+                .is_err(),
+            "answered while an earlier session holds the bundle"
+        );
+        let mut session = old.session_events();
+        old.expire_session_for_test();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            session.wait_for(|s| *s == SessionState::Expired),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(x.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
+        assert!(x.own.check_owned(&t).await.is_ok());
     }
 
     #[tokio::test]
