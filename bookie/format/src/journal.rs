@@ -14,7 +14,7 @@
 //! | 4 | CRC32C over bytes 0..4 and 8..32+n | 4 |
 //! | 8 | generation: the `file_seq` of the file's current incarnation | 8 |
 //! | 16 | synced offset: this file was fsynced up to here when written | 8 |
-//! | 24 | flags (bit 0: last record of its group) | 1 |
+//! | 24 | flags (bit 0: last record of its group; other bits zero) | 1 |
 //! | 25 | reserved, zero | 7 |
 //! | 32 | body: kind (1 byte) then its fields | n |
 //!
@@ -257,6 +257,12 @@ pub fn decode_at(buf: &[u8], pos: usize, generation: u64) -> Result<Decoded, &'s
     }
     let synced_offset = u64_at(rec, 16).ok_or("short header")?;
     let flags = rec[24];
+    // Only our encoding is accepted (found by the `journal` fuzz target: a
+    // CRC-valid record with other flag bits or reserved bytes decoded to a
+    // record that re-encodes differently).
+    if flags & !FLAG_LAST_IN_GROUP != 0 || rec[25..RECORD_HEADER_BYTES].iter().any(|&b| b != 0) {
+        return Err("unknown flags or non-zero reserved header bytes");
+    }
     let body = &rec[RECORD_HEADER_BYTES..];
     let record = decode_body(body).ok_or("malformed body")?;
     Ok(Decoded {
@@ -546,6 +552,28 @@ mod tests {
         for cut in 0..buf.len() {
             assert!(decode_at(&buf[..cut], 0, 5).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn unknown_flags_and_reserved_bytes_are_rejected_even_with_a_valid_crc() {
+        let rec = &all_kinds()[0];
+        for (at, value) in [(24, FLAG_LAST_IN_GROUP | 0x80), (25, 1), (31, 0xff)] {
+            let mut buf = Vec::new();
+            encode_into(&mut buf, rec, 9, 0);
+            buf[at] = value;
+            let crc = record_crc(&buf);
+            buf[4..8].copy_from_slice(&crc.to_be_bytes());
+            assert_eq!(
+                decode_at(&buf, 0, 9).err(),
+                Some("unknown flags or non-zero reserved header bytes"),
+                "byte {at} = {value:#x}"
+            );
+        }
+        // The one flag we write is accepted.
+        let mut buf = Vec::new();
+        encode_into(&mut buf, rec, 9, 0);
+        mark_last_in_group(&mut buf, 0);
+        assert!(decode_at(&buf, 0, 9).unwrap().last_in_group);
     }
 
     #[test]
