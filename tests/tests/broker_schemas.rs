@@ -49,6 +49,17 @@ fn avro_record(fields: &str) -> Schema {
     }
 }
 
+/// The next answer on `c`, which must be a GET_SCHEMA_RESPONSE.
+async fn schema_response(
+    c: &mut RawPulsarClient,
+) -> cms_client::proto::pulsar::CommandGetSchemaResponse {
+    c.recv()
+        .await
+        .expect("an answer")
+        .get_schema_response
+        .expect("GET_SCHEMA_RESPONSE")
+}
+
 async fn producer_with(
     c: &mut RawPulsarClient,
     topic: &str,
@@ -119,8 +130,7 @@ async fn schema_evolution(broker: &BrokerNode) {
     let mut c = RawPulsarClient::connected(broker.pulsar()).await;
     let topic = "persistent://public/default/schemas-avro";
     c.send(get_schema(1, topic, None)).await;
-    let got = c.recv().await.expect("GET_SCHEMA_RESPONSE");
-    let r = got.get_schema_response.expect("a GET_SCHEMA_RESPONSE");
+    let r = schema_response(&mut c).await;
     assert_eq!(r.error_code, None, "{:?}", r.error_message);
     assert_eq!(r.schema_version.as_deref(), Some(&1u64.to_be_bytes()[..]));
     let s = r.schema.expect("schema");
@@ -131,12 +141,7 @@ async fn schema_evolution(broker: &BrokerNode) {
     );
     // By version.
     c.send(get_schema(2, topic, Some(0))).await;
-    let r = c
-        .recv()
-        .await
-        .expect("an answer")
-        .get_schema_response
-        .expect("GET_SCHEMA_RESPONSE");
+    let r = schema_response(&mut c).await;
     assert_eq!(r.schema_version.as_deref(), Some(&0u64.to_be_bytes()[..]));
     assert!(!String::from_utf8_lossy(&r.schema.expect("schema").schema_data).contains("\"age\""));
     // No schema: TopicNotFound (G14).
@@ -146,24 +151,14 @@ async fn schema_evolution(broker: &BrokerNode) {
         None,
     ))
     .await;
-    let r = c
-        .recv()
-        .await
-        .expect("an answer")
-        .get_schema_response
-        .expect("GET_SCHEMA_RESPONSE");
+    let r = schema_response(&mut c).await;
     assert_eq!(r.error_code, Some(ServerError::TopicNotFound as i32));
 
     // Every partition answers with the partitioned topic's one version.
     for i in 0..3 {
         let part = format!("persistent://public/default/schemas-part-partition-{i}");
         c.send(get_schema(10 + i, &part, None)).await;
-        let r = c
-            .recv()
-            .await
-            .expect("an answer")
-            .get_schema_response
-            .expect("GET_SCHEMA_RESPONSE");
+        let r = schema_response(&mut c).await;
         assert_eq!(r.error_code, None, "{part}: {:?}", r.error_message);
         assert_eq!(
             r.schema_version.as_deref(),
