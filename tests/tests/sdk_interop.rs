@@ -313,9 +313,16 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             "p99_ms",
             "p999_ms",
             "max_ms",
+            "mean_ms",
         ];
         if mode == "end-to-end" {
-            keys.extend(["e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms", "e2e_max_ms"]);
+            keys.extend([
+                "e2e_p50_ms",
+                "e2e_p99_ms",
+                "e2e_p999_ms",
+                "e2e_max_ms",
+                "e2e_mean_ms",
+            ]);
         }
         for k in keys {
             assert!(v[k].is_number(), "{mode}: key {k} in {v}");
@@ -323,6 +330,7 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
         assert_eq!(v["msgs"], 500);
         assert!(v["msg_per_s"].as_f64().unwrap() > 0.0);
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
+        assert!(v["mean_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
     }
 }
 

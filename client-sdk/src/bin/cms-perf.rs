@@ -6,7 +6,7 @@
 //! if the producer was blocked (no coordinated omission). `--max-pending 1`
 //! waits for each receipt before the next send (W1). Every sample goes into
 //! an HDR histogram (microseconds). `--json` prints one JSON object with
-//! `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`, `p99_ms`, `p999_ms`, `max_ms`
+//! `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`, `p99_ms`, `p999_ms`, `max_ms`, `mean_ms`
 //! (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
 //! (publish to receive). A progress bar is drawn only on a terminal.
 //!
@@ -178,6 +178,8 @@ fn latency_keys(prefix: &str, h: &Histogram<u64>, out: &mut Map<String, Value>) 
         json!(ms(h.value_at_quantile(0.999))),
     );
     out.insert(format!("{prefix}max_ms"), json!(ms(h.max())));
+    // The mean splits into the layers' means (scripts/bench-w1-breakdown).
+    out.insert(format!("{prefix}mean_ms"), json!(h.mean() / 1000.0));
 }
 
 fn progress(n: u64, what: &str) -> ProgressBar {
