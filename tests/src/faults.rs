@@ -185,6 +185,21 @@ impl FaultCluster {
         }
     }
 
+    /// Sets infinite retention (time and size) on `public/default`, where the
+    /// workload's topics live, so a catch-up reader started later still
+    /// finds every acked message: without it, ledgers that every
+    /// subscription consumed are deleted once they roll (Pulsar's
+    /// semantics), and an hour-long run rolls them.
+    pub async fn retain_everything(&self) {
+        self.brokers[0]
+            .admin_ok(
+                reqwest::Method::POST,
+                "/admin/v2/namespaces/public/default/retention",
+                Some(r#"{"retentionTimeInMinutes":-1,"retentionSizeInMB":-1}"#),
+            )
+            .await;
+    }
+
     /// The service URL listing every broker (through its proxy, if any).
     pub fn service_url(&self) -> String {
         let hosts: Vec<String> = if self.broker_proxies.is_empty() {
@@ -542,7 +557,8 @@ impl Workload {
     /// payloads it never saw (the checker judges them too, when `sub` is
     /// required complete).
     pub async fn catch_up(&self, url: &str, sub: &str, within: Duration) -> usize {
-        let deadline = Instant::now() + within;
+        let started = Instant::now();
+        let deadline = started + within;
         let client = fault_client(url);
         let mut missing_total = 0;
         for topic in &self.topics {
@@ -550,9 +566,15 @@ impl Workload {
                 .get(topic)
                 .cloned()
                 .unwrap_or_default();
+            let topic_started = Instant::now();
+            // Acked payloads not seen yet: a count, so the loop's test stays
+            // O(1) however long the backlog (a set scan per message was
+            // quadratic in the hour-long soak).
+            let mut left = acked.len();
             let mut seen = HashSet::new();
+            let mut received = 0u64;
             let mut generation = 0;
-            'outer: while Instant::now() < deadline && !acked.iter().all(|p| seen.contains(p)) {
+            'outer: while Instant::now() < deadline && left > 0 {
                 generation += 1;
                 let Ok(Ok(mut c)) = tokio::time::timeout(
                     Duration::from_secs(15),
@@ -575,18 +597,21 @@ impl Workload {
                 );
                 rec.redelivery_triggered("catch-up reader subscribed");
                 let mut subscriptions = c.subscriptions();
-                while Instant::now() < deadline && !acked.iter().all(|p| seen.contains(p)) {
+                while Instant::now() < deadline && left > 0 {
                     match tokio::time::timeout(Duration::from_secs(1), c.receive()).await {
                         Ok(Ok(m)) => {
                             if c.subscriptions() != subscriptions {
                                 subscriptions = c.subscriptions();
                                 rec.redelivery_triggered("the SDK resubscribed");
                             }
+                            received += 1;
                             let payload = String::from_utf8_lossy(&m.payload).to_string();
                             let id = history_id(&m.id);
                             rec.received(m.key.as_deref(), &payload, id, m.redelivery_count);
                             rec.acked(id, Some(&payload));
-                            seen.insert(payload);
+                            if acked.contains(&payload) && seen.insert(payload) {
+                                left -= 1;
+                            }
                             let _ =
                                 tokio::time::timeout(Duration::from_secs(10), c.ack(&m.id)).await;
                         }
@@ -599,8 +624,20 @@ impl Workload {
                 }
                 let _ = tokio::time::timeout(Duration::from_secs(5), c.close()).await;
             }
-            missing_total += acked.iter().filter(|p| !seen.contains(*p)).count();
+            let secs = topic_started.elapsed().as_secs_f64();
+            println!(
+                "catch-up {sub} {topic}: {} of {} acked seen, {received} received in {secs:.1} s \
+                 ({:.0} msg/s), {generation} subscription(s)",
+                acked.len() - left,
+                acked.len(),
+                received as f64 / secs.max(0.001),
+            );
+            missing_total += left;
         }
+        println!(
+            "catch-up {sub}: {missing_total} missing after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         client.close().await;
         missing_total
     }

@@ -338,6 +338,7 @@ async fn a_wiped_bookie_refuses_to_start_and_autorecovery_restores_its_replicas(
     })
     .await;
     let url = c.service_url();
+    c.retain_everything().await;
     let mut w = Workload::start(&url, options("p09")).await;
     w.wait_for_acks(800, 120_000).await;
     finish_and_check("P0-9 before the wipe", &mut w, &c, &[]).await;
@@ -515,6 +516,7 @@ async fn lossy_network_soak_keeps_every_acked_message_and_flat_resources() {
     })
     .await;
     let url = c.service_url();
+    c.retain_everything().await;
     let mut w = Workload::start(&url, options("p11")).await;
     w.wait_for_acks(300, 60_000).await;
     let lossy = DirectionFaults {
