@@ -1177,6 +1177,13 @@ impl Conn {
                     .await;
                 return;
             }
+            // Retryable: the client creates the producer again, on the topic
+            // loaded with the new settings.
+            Err(ProducerRefusal::Unloading(m)) => {
+                self.send_error(c.request_id, (ServerError::ServiceNotReady, m))
+                    .await;
+                return;
+            }
             Ok(ProducerAdmission::Ready(g)) => {
                 if let Some(epoch) = g.topic_epoch
                     && let Err(e) = topic.store_topic_epoch(epoch).await

@@ -60,6 +60,11 @@ pub enum ProducerRefusal {
     /// A newer exclusive producer fenced this one.
     #[error("{0}")]
     Fenced(String),
+    /// The topic is being unloaded (policy change, bundle unload, failure):
+    /// retryable, the next load serves the producer (Pulsar answers a
+    /// fenced topic with `ServiceNotReady` too).
+    #[error("{0}")]
+    Unloading(String),
 }
 
 /// What the caller tells the producer's connection.

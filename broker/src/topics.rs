@@ -170,7 +170,10 @@ impl Topic {
     /// A producer asks to join (see [`Producers::add`]).
     pub fn add_producer(&self, req: ProducerRequest) -> Result<ProducerAdmission, ProducerRefusal> {
         if self.is_closing() {
-            return Err(ProducerRefusal::Busy("topic is being unloaded".into()));
+            return Err(ProducerRefusal::Unloading(format!(
+                "topic {} is being unloaded; retry",
+                self.name
+            )));
         }
         let key = req.key;
         let mut p = lock(&self.producers);
