@@ -66,6 +66,10 @@ async fn ready(State(s): State<Arc<BrokerState>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<BrokerState>>) -> Response {
+    let cache_bytes = s.topics.context().cache.size_bytes();
+    s.metrics
+        .entry_cache_bytes
+        .set(i64::try_from(cache_bytes).unwrap_or(i64::MAX));
     let mut buf = Vec::new();
     match TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
         Ok(()) => (

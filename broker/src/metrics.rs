@@ -17,6 +17,8 @@ use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, 
 pub struct BrokerMetrics {
     /// Open client connections.
     pub connections: IntGauge,
+    /// Payload bytes held by the entry cache (set when `/metrics` is read).
+    pub entry_cache_bytes: IntGauge,
     /// Connections accepted since start.
     pub connections_opened: IntCounter,
     /// Connections refused (limits) since start.
@@ -72,6 +74,13 @@ impl BrokerMetrics {
             connections: reg(
                 r,
                 gauge("cms_broker_connections", "Open client connections")?,
+            )?,
+            entry_cache_bytes: reg(
+                r,
+                gauge(
+                    "cms_broker_entry_cache_bytes",
+                    "Payload bytes held by the managed-ledger entry cache",
+                )?,
             )?,
             connections_opened: reg(
                 r,

@@ -329,6 +329,7 @@ mod tests {
                 Ok(AddOutcome::Waiting) => Ok(false),
                 Err(ProducerRefusal::Busy(_)) => Err("busy"),
                 Err(ProducerRefusal::Fenced(_)) => Err("fenced"),
+                Err(ProducerRefusal::Unloading(_)) => Err("unloading"),
             };
             assert_eq!(got, want, "case {i}: {existing:?} + {name}/{mode:?}");
         }

@@ -70,6 +70,8 @@ pub struct ClusterOptions {
     pub proxies: bool,
     /// Extra broker flags.
     pub broker_extra: Vec<String>,
+    /// Extra bookie flags.
+    pub bookie_extra: Vec<String>,
     /// `broker-1` reaches ZooKeeper only through a chaos proxy
     /// ([`FaultCluster::zk_proxy`]), so a test can cut it off (P0-5).
     pub zk_proxy_for_broker_1: bool,
@@ -123,6 +125,7 @@ impl FaultCluster {
             if options.proxies {
                 extra.push(format!("--advertised-host={BOOKIE_PROXY_HOST}"));
             }
+            extra.extend(options.bookie_extra.iter().cloned());
             let refs: Vec<&str> = extra.iter().map(String::as_str).collect();
             let mut process = BookieNode::builder(&id, &zks, &refs).spawn();
             if options.proxies {
@@ -229,27 +232,27 @@ impl FaultCluster {
         }
     }
 
-    /// The pids of every server process (ZooKeeper, bookies, brokers,
-    /// autorecovery) with a name, for resource sampling.
-    pub fn pids(&self) -> Vec<(String, u32)> {
+    /// Name, pid and `/metrics` address (bookies, brokers, autorecovery) of
+    /// every server process (ZooKeeper too), for resource sampling.
+    pub fn processes(&self) -> Vec<(String, u32, Option<SocketAddr>)> {
         let mut out = Vec::new();
         if let Some(p) = self.zk.pid() {
-            out.push(("zookeeper".to_string(), p));
+            out.push(("zookeeper".to_string(), p, None));
         }
         for b in &self.bookies {
             if let Some(p) = b.process.pid() {
-                out.push((b.id.clone(), p));
+                out.push((b.id.clone(), p, Some(b.http())));
             }
         }
         for b in &self.brokers {
             if let Some(p) = b.process.pid() {
-                out.push((b.process.name().to_string(), p));
+                out.push((b.process.name().to_string(), p, Some(b.http())));
             }
         }
         if let Some(a) = &self.autorecovery
             && let Some(p) = a.pid()
         {
-            out.push(("autorecovery".to_string(), p));
+            out.push(("autorecovery".to_string(), p, Some(a.addr("http"))));
         }
         out
     }
@@ -854,6 +857,40 @@ pub struct ProcSample {
     pub rss_kib: u64,
     /// Open file descriptors.
     pub fds: u64,
+    /// What the process's bounded caches held, in KiB, as its `/metrics`
+    /// reported them right after the `/proc` read ([`CACHE_GAUGES`]; 0 for
+    /// processes without them).
+    pub cache_kib: u64,
+}
+
+impl ProcSample {
+    /// RSS less the caches: what a leak would grow.
+    pub fn uncached_kib(&self) -> u64 {
+        self.rss_kib.saturating_sub(self.cache_kib)
+    }
+}
+
+/// The gauges of bounded in-memory caches (bytes), summed into
+/// [`ProcSample::cache_kib`]: bookie write and read caches, broker entry cache.
+pub const CACHE_GAUGES: [&str; 3] = [
+    "cms_bookie_storage_write_cache_bytes",
+    "cms_bookie_storage_read_cache_bytes",
+    "cms_broker_entry_cache_bytes",
+];
+
+/// The sum of [`CACHE_GAUGES`] in a Prometheus text exposition, in bytes.
+pub fn cache_bytes(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(' ')?;
+            CACHE_GAUGES
+                .contains(&name)
+                .then(|| value.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        .map(|v| v.max(0.0) as u64)
+        .sum()
 }
 
 /// A process's resources from `/proc`, None if it is gone.
@@ -865,7 +902,11 @@ pub fn sample_process(pid: u32) -> Option<ProcSample> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-    Some(ProcSample { rss_kib, fds })
+    Some(ProcSample {
+        rss_kib,
+        fds,
+        cache_kib: 0,
+    })
 }
 
 /// Resource samples of named processes over time.
@@ -876,22 +917,31 @@ pub struct ProcStats {
 }
 
 impl ProcStats {
-    /// Samples every `(name, pid)`.
-    pub fn sample(&mut self, pids: &[(String, u32)]) {
-        for (name, pid) in pids {
-            if let Some(s) = sample_process(*pid) {
-                self.samples
-                    .entry(name.clone())
-                    .or_default()
-                    .push((*pid, s));
+    /// Samples every `(name, pid)`; the caches of those with a `/metrics`
+    /// address are read from it (a failed scrape counts them as empty).
+    pub async fn sample(&mut self, procs: &[(String, u32, Option<SocketAddr>)]) {
+        let http = crate::harness::http::client();
+        for (name, pid, metrics) in procs {
+            let Some(mut s) = sample_process(*pid) else {
+                continue;
+            };
+            if let Some(addr) = metrics
+                && let Ok((200, body)) = crate::harness::http::get(&http, *addr, "/metrics").await
+            {
+                s.cache_kib = cache_bytes(&body) / 1024;
             }
+            self.samples
+                .entry(name.clone())
+                .or_default()
+                .push((*pid, s));
         }
     }
 
     /// Processes whose last-quarter median grew beyond the first-quarter
-    /// median by more than `rss_factor` plus `rss_slack_kib` (RSS) or
-    /// `fd_slack` descriptors, compared within one pid (a restart starts a
-    /// new series); one line each.
+    /// median by more than `rss_factor` plus `rss_slack_kib` (RSS less the
+    /// bounded caches, [`ProcSample::uncached_kib`]: caches filling to their
+    /// configured bounds is no leak) or `fd_slack` descriptors, compared
+    /// within one pid (a restart starts a new series); one line each.
     pub fn growth(&self, rss_factor: f64, rss_slack_kib: u64, fd_slack: u64) -> Vec<String> {
         let mut out = Vec::new();
         for (name, series) in &self.samples {
@@ -913,15 +963,15 @@ impl ProcStats {
                 x[x.len() / 2]
             };
             let (rss0, rss1) = (
-                median(&own[..q], |s| s.rss_kib),
-                median(&own[own.len() - q..], |s| s.rss_kib),
+                median(&own[..q], ProcSample::uncached_kib),
+                median(&own[own.len() - q..], ProcSample::uncached_kib),
             );
             let (fd0, fd1) = (
                 median(&own[..q], |s| s.fds),
                 median(&own[own.len() - q..], |s| s.fds),
             );
             if rss1 as f64 > rss0 as f64 * rss_factor + rss_slack_kib as f64 {
-                out.push(format!("{name}: RSS {rss0} KiB -> {rss1} KiB"));
+                out.push(format!("{name}: RSS less caches {rss0} KiB -> {rss1} KiB"));
             }
             if fd1 > fd0 + fd_slack {
                 out.push(format!("{name}: fds {fd0} -> {fd1}"));
@@ -941,9 +991,11 @@ impl ProcStats {
                 let s = &self.samples[n];
                 let (a, b) = (s[0].1, s[s.len() - 1].1);
                 format!(
-                    "{n}: RSS {} -> {} KiB, fds {} -> {} ({} samples)",
+                    "{n}: RSS {} -> {} KiB (caches {} -> {} KiB), fds {} -> {} ({} samples)",
                     a.rss_kib,
                     b.rss_kib,
+                    a.cache_kib,
+                    b.cache_kib,
                     a.fds,
                     b.fds,
                     s.len()
@@ -951,5 +1003,55 @@ impl ProcStats {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_bytes_sums_the_cache_gauges_only() {
+        let text = "# HELP cms_bookie_storage_read_cache_bytes x\n\
+                    # TYPE cms_bookie_storage_read_cache_bytes gauge\n\
+                    cms_bookie_storage_read_cache_bytes 2048\n\
+                    cms_bookie_storage_write_cache_bytes 1024\n\
+                    cms_bookie_storage_write_cache_bytes_other 99\n\
+                    cms_broker_connections 7\n";
+        assert_eq!(cache_bytes(text), 3072);
+        assert_eq!(cache_bytes(""), 0);
+    }
+
+    fn series(points: &[(u64, u64)]) -> ProcStats {
+        let mut s = ProcStats::default();
+        s.samples.insert(
+            "b1".into(),
+            points
+                .iter()
+                .map(|&(rss_kib, cache_kib)| {
+                    (
+                        1,
+                        ProcSample {
+                            rss_kib,
+                            fds: 10,
+                            cache_kib,
+                        },
+                    )
+                })
+                .collect(),
+        );
+        s
+    }
+
+    #[test]
+    fn caches_filling_are_no_growth_but_the_rest_growing_is() {
+        // RSS 20 -> 80 MiB, all of it cache: flat.
+        let filled: Vec<(u64, u64)> = (0..16).map(|i| (20_480 + i * 4_096, i * 4_096)).collect();
+        assert!(series(&filled).growth(1.5, 1_024, 50).is_empty());
+        // The same RSS with empty caches: growth.
+        let leaked: Vec<(u64, u64)> = (0..16).map(|i| (20_480 + i * 4_096, 0)).collect();
+        let g = series(&leaked).growth(1.5, 1_024, 50);
+        assert_eq!(g.len(), 1, "{g:?}");
+        assert!(g[0].starts_with("b1: RSS less caches"), "{g:?}");
     }
 }

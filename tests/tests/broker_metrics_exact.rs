@@ -140,6 +140,12 @@ async fn metrics_report_a_known_workload_exactly() {
         "entry size {entry} for a {S}-byte payload"
     );
     assert_eq!(get("cms_broker_bytes_out_total"), (N + K) as f64 * entry);
+    // The entry cache holds at most the topic's entries (payload bytes).
+    let cached = get("cms_broker_entry_cache_bytes");
+    assert!(
+        cached <= N as f64 * entry,
+        "entry cache {cached} bytes for {N} entries of {entry}"
+    );
     assert_eq!(get("cms_broker_publish_latency_seconds_count"), N as f64);
     assert_eq!(get("cms_broker_producers"), 1.0);
     assert_eq!(get("cms_broker_consumers"), 1.0);

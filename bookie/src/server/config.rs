@@ -107,6 +107,9 @@ pub struct BookieConfig {
     /// Read cache, in bytes.
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
     pub read_cache_bytes_max: usize,
+    /// Page cache of the entry-location index (redb), in bytes.
+    #[arg(long, default_value_t = crate::storage::INDEX_CACHE_BYTES_MAX)]
+    pub index_cache_bytes_max: usize,
     /// Entries read ahead after a cache miss.
     #[arg(long, default_value_t = 100)]
     pub read_ahead_entries_max: usize,
@@ -404,6 +407,7 @@ impl BookieConfig {
             entry_log_bytes_max: self.entry_log_bytes_max,
             write_cache_bytes_max: self.write_cache_bytes_max,
             read_cache_bytes_max: self.read_cache_bytes_max,
+            index_cache_bytes_max: self.index_cache_bytes_max,
             read_ahead_entries_max: self.read_ahead_entries_max,
             read_ahead_bytes_max: 4 * 1024 * 1024,
             compaction_threshold: self.compaction_threshold,

@@ -49,9 +49,10 @@ pub(crate) const LOG_LEDGERS: TableDefinition<(u32, u64), u64> =
     TableDefinition::new("log_ledgers");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const FORMAT_VERSION: u64 = 1;
-/// The index database's page cache (redb's default is 1 GiB; 256 MiB holds the
-/// whole index of 1,000,000 ledgers × 4 entries, which is ≈150 MiB on disk).
-pub(crate) const INDEX_CACHE_BYTES_MAX: usize = 256 << 20;
+/// The default of the index database's page cache (redb's default is 1 GiB;
+/// 256 MiB holds the whole index of 1,000,000 ledgers × 4 entries, which is
+/// ≈150 MiB on disk); `--index-cache-bytes-max` sets it.
+pub const INDEX_CACHE_BYTES_MAX: usize = 256 << 20;
 /// File name of the index database.
 pub(crate) const INDEX_FILE: &str = "index.redb";
 
@@ -98,7 +99,12 @@ pub(crate) struct Index {
 impl Index {
     /// Opens or creates the index in `dir`; the flag says whether it was created
     /// now (it had no format record).
-    pub(crate) fn open(fs: &SharedFs, dir: &Path) -> Result<(Index, bool), StorageError> {
+    /// `cache_bytes_max` bounds redb's page cache.
+    pub(crate) fn open(
+        fs: &SharedFs,
+        dir: &Path,
+        cache_bytes_max: usize,
+    ) -> Result<(Index, bool), StorageError> {
         let path = dir.join(INDEX_FILE);
         let file = fs
             .open(&path, OpenMode::CreateOrOpen)
@@ -106,7 +112,7 @@ impl Index {
         let backend = FsBackend { file: file.clone() };
         let opened = catch_unwind(AssertUnwindSafe(|| {
             redb::Builder::new()
-                .set_cache_size(INDEX_CACHE_BYTES_MAX)
+                .set_cache_size(cache_bytes_max)
                 .create_with_backend(backend)
         }));
         let db = match opened {

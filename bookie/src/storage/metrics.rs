@@ -11,6 +11,8 @@ pub struct StorageMetrics {
     pub read_cache_misses: IntCounter,
     /// Bytes charged in the write cache (both halves).
     pub write_cache_bytes: IntGauge,
+    /// Bytes charged in the read cache (data plus per-entry overhead).
+    pub read_cache_bytes: IntGauge,
     /// Record bytes appended to entry logs (flushes and compaction).
     pub entry_log_bytes_written: IntCounter,
     /// Bytes read from entry logs (requested entries and read-ahead).
@@ -28,6 +30,7 @@ impl StorageMetrics {
         registry.register(Box::new(m.read_cache_hits.clone()))?;
         registry.register(Box::new(m.read_cache_misses.clone()))?;
         registry.register(Box::new(m.write_cache_bytes.clone()))?;
+        registry.register(Box::new(m.read_cache_bytes.clone()))?;
         registry.register(Box::new(m.entry_log_bytes_written.clone()))?;
         registry.register(Box::new(m.entry_log_bytes_read.clone()))?;
         registry.register(Box::new(m.ledger_count.clone()))?;
@@ -61,6 +64,10 @@ impl StorageMetrics {
             write_cache_bytes: gauge(
                 "cms_bookie_storage_write_cache_bytes",
                 "Bytes held in the write cache",
+            ),
+            read_cache_bytes: gauge(
+                "cms_bookie_storage_read_cache_bytes",
+                "Bytes held in the read cache (data plus per-entry overhead)",
             ),
             entry_log_bytes_written: counter(
                 "cms_bookie_storage_entry_log_written_bytes_total",

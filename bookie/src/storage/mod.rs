@@ -52,6 +52,7 @@ use redb::ReadableTable;
 
 use crate::fs::SharedFs;
 use entry_log::{LOG_HEADER_BYTES, Location, LogFiles, LogWriter, decode_record};
+pub use index::INDEX_CACHE_BYTES_MAX;
 use index::{Index, LEDGERS, LOCATIONS, LOG_LEDGERS, add_usage, db_err, encode_state};
 use read_cache::ReadCache;
 use write_cache::{Half, WriteCache};
@@ -69,6 +70,8 @@ pub struct StorageConfig {
     pub write_cache_bytes_max: usize,
     /// Bound of the read cache.
     pub read_cache_bytes_max: usize,
+    /// Bound of the index database's page cache.
+    pub index_cache_bytes_max: usize,
     /// Entries read ahead after a miss.
     pub read_ahead_entries_max: usize,
     /// Bytes read ahead after a miss.
@@ -89,6 +92,7 @@ impl StorageConfig {
             entry_log_bytes_max: 1 << 30,
             write_cache_bytes_max: 256 << 20,
             read_cache_bytes_max: 256 << 20,
+            index_cache_bytes_max: index::INDEX_CACHE_BYTES_MAX,
             read_ahead_entries_max: 100,
             read_ahead_bytes_max: 4 << 20,
             compaction_threshold: 0.5,
@@ -191,7 +195,7 @@ impl LedgerStorage {
         }
         let files = Arc::new(LogFiles::new(fs.clone(), current.clone()));
         let logs = files.list().map_err(|e| io_err("list entry logs", e))?;
-        let (index, created) = Index::open(&fs, &index_dir)?;
+        let (index, created) = Index::open(&fs, &index_dir, cfg.index_cache_bytes_max)?;
         if created && !logs.is_empty() {
             // Serving from an empty index would answer "no entry" for data we
             // hold: refuse instead (the index is created before any log).
@@ -384,6 +388,9 @@ impl LedgerStorage {
                     Err(_) => break,
                 }
             }
+            self.metrics
+                .read_cache_bytes
+                .set(self.read_cache.bytes() as i64);
             return Ok(Some(Bytes::copy_from_slice(&data)));
         }
     }
@@ -582,6 +589,9 @@ impl LedgerStorage {
         drop(cache);
         self.states.write().map_err(poisoned)?.remove(&ledger_id);
         self.read_cache.remove_ledger(ledger_id);
+        self.metrics
+            .read_cache_bytes
+            .set(self.read_cache.bytes() as i64);
         tracing::info!(ledger_id, "ledger deleted from storage");
         Ok(())
     }

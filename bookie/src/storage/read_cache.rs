@@ -93,7 +93,6 @@ impl ReadCache {
     }
 
     /// Charged bytes.
-    #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
     }

@@ -100,6 +100,7 @@ fn config(dir: &Path) -> StorageConfig {
         entry_log_bytes_max: 64 << 10,
         write_cache_bytes_max: 1 << 20,
         read_cache_bytes_max: 1 << 20,
+        index_cache_bytes_max: 16 << 20,
         read_ahead_entries_max: 100,
         read_ahead_bytes_max: 1 << 20,
         compaction_threshold: 0.5,
@@ -338,6 +339,11 @@ fn read_ahead_after_one_miss_serves_the_next_entries_from_memory() {
     let m = &s.metrics;
     assert_eq!(s.get_entry(1, 0).unwrap(), Some(data(1, 0, 100)));
     assert_eq!((m.read_cache_misses.get(), m.read_cache_hits.get()), (1, 0));
+    // Entries 1..=5 read ahead: data plus the per-entry overhead each.
+    assert_eq!(
+        m.read_cache_bytes.get(),
+        5 * (100 + read_cache::ENTRY_OVERHEAD_BYTES as i64)
+    );
     let read_once = m.entry_log_bytes_read.get();
     for e in 1..=5 {
         assert_eq!(s.get_entry(1, e).unwrap(), Some(data(1, e, 100)));
@@ -356,6 +362,13 @@ fn read_ahead_after_one_miss_serves_the_next_entries_from_memory() {
     assert_eq!(s.get_entry(1, 19).unwrap(), Some(data(1, 19, 100)));
     s.get_entry(2, 0).unwrap();
     assert_eq!(m.read_cache_misses.get(), 4);
+    // Deleting a ledger drops its cached entries from the gauge too.
+    let before = m.read_cache_bytes.get();
+    s.delete_ledger(2).unwrap();
+    assert!(
+        m.read_cache_bytes.get() < before,
+        "read cache gauge after a delete"
+    );
 }
 
 #[test]
