@@ -295,19 +295,29 @@ async fn produce_one(
     stamp: bool,
     pb: ProgressBar,
 ) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
-    let (tx, mut rx) =
-        tokio::sync::mpsc::channel::<(Instant, cms_client::SendFuture)>(a.max_pending.max(1) + 1);
+    type InFlight = (
+        Instant,
+        cms_client::SendFuture,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<InFlight>(a.max_pending.max(1) + 1);
+    // Closed loop (no rate): a message's latency starts when the window of
+    // `max_pending` lets it go, not when the loop reached it (with
+    // `--max-pending 1` the loop reaches message i+1 as soon as message i is
+    // sent, so timing from there counted message i's round trip twice).
+    let window = (rate <= 0.0).then(|| Arc::new(tokio::sync::Semaphore::new(a.max_pending.max(1))));
     let pb2 = pb.clone();
     let collector = tokio::spawn(async move {
         let mut h = histogram();
         let mut errors = 0u64;
-        while let Some((intended, f)) = rx.recv().await {
+        while let Some((intended, f, slot)) = rx.recv().await {
             match f.await {
                 Ok(_) => {
                     let _ = h.record((intended.elapsed().as_micros() as u64).max(1));
                 }
                 Err(_) => errors += 1,
             }
+            drop(slot);
             pb2.inc(1);
         }
         (h, errors)
@@ -315,6 +325,10 @@ async fn produce_one(
     let base = vec![b'x'; a.size];
     let start = Instant::now();
     for i in 0..n {
+        let slot = match &window {
+            Some(w) => Some(w.clone().acquire_owned().await.context("send window")?),
+            None => None,
+        };
         let intended = if rate > 0.0 {
             let due = start + Duration::from_secs_f64(i as f64 / rate);
             tokio::time::sleep_until(due.into()).await;
@@ -330,7 +344,7 @@ async fn produce_one(
             .send_async(ProducerMessage::new(payload))
             .await
             .context("send")?;
-        if tx.send((intended, f)).await.is_err() {
+        if tx.send((intended, f, slot)).await.is_err() {
             bail!("receipt collector stopped");
         }
     }
