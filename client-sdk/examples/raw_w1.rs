@@ -52,7 +52,18 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let got = next(&mut c).await?;
     anyhow::ensure!(got.r#type() == Type::Connected, "CONNECT: {got:?}");
-    c.send(Frame::Command(commands::producer(&topic, 1, 1, None)))
+    // The lookup makes the broker own the topic's bundle (one broker: it
+    // answers with itself).
+    c.send(Frame::Command(commands::lookup(&topic, 1, false)))
+        .await?;
+    let got = next(&mut c).await?;
+    anyhow::ensure!(
+        got.lookup_topic_response
+            .as_ref()
+            .is_some_and(|r| r.error.is_none()),
+        "LOOKUP: {got:?}"
+    );
+    c.send(Frame::Command(commands::producer(&topic, 1, 2, None)))
         .await?;
     let got = next(&mut c).await?;
     let name = got

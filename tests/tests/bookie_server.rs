@@ -198,6 +198,41 @@ async fn an_oversized_entry_is_bad_request_and_the_stream_lives_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_over_the_stream_bound_are_refused_at_once_and_the_stream_lives_on() {
+    let zk = zk().await;
+    init_store(&zk.connect_string()).await;
+    let b = BookieNode::start(
+        "b1",
+        &zk.connect_string(),
+        &["--adds-in-flight-per-stream-max=1"],
+    )
+    .await;
+    let c = b.client().await;
+    // 64 adds at once on the one stream: the first waits for its fsync, so
+    // the ones read meanwhile are over the bound of 1.
+    const N: i64 = 64;
+    let all = futures::future::join_all((0..N).map(|e| add(&c, 5, e))).await;
+    let ok = all.iter().filter(|s| **s == StatusCode::Ok).count();
+    let refused = all
+        .iter()
+        .filter(|s| **s == StatusCode::TooManyRequests)
+        .count();
+    assert_eq!(
+        ok + refused,
+        N as usize,
+        "every add answered Ok or TooManyRequests: {all:?}"
+    );
+    assert!(ok >= 1 && refused >= 1, "{ok} ok, {refused} refused");
+    // The stream goes on: each refused add succeeds when retried alone.
+    for (e, s) in all.iter().enumerate() {
+        if *s == StatusCode::TooManyRequests {
+            assert_eq!(add(&c, 5, e as i64).await, StatusCode::Ok, "retry of {e}");
+        }
+    }
+    assert_reads_back(&c, 5, N).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_for_another_bookie_or_incarnation_are_refused() {
     let zk = zk().await;
     init_store(&zk.connect_string()).await;
