@@ -990,15 +990,24 @@ impl ProcStats {
             .map(|n| {
                 let s = &self.samples[n];
                 let (a, b) = (s[0].1, s[s.len() - 1].1);
+                // RSS less caches at the end of each eighth of the run: growth
+                // that levels off (a bound being reached) or keeps on (a leak).
+                let eighths: Vec<String> = (1..=8)
+                    .map(|i| {
+                        (s[(s.len() * i / 8).saturating_sub(1)].1.uncached_kib() / 1024).to_string()
+                    })
+                    .collect();
                 format!(
-                    "{n}: RSS {} -> {} KiB (caches {} -> {} KiB), fds {} -> {} ({} samples)",
+                    "{n}: RSS {} -> {} KiB (caches {} -> {} KiB), fds {} -> {} ({} samples); \
+                     RSS less caches by eighths: {} MiB",
                     a.rss_kib,
                     b.rss_kib,
                     a.cache_kib,
                     b.cache_kib,
                     a.fds,
                     b.fds,
-                    s.len()
+                    s.len(),
+                    eighths.join(" ")
                 )
             })
             .collect::<Vec<_>>()
