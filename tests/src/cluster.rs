@@ -327,6 +327,11 @@ pub async fn metric_value(addr: SocketAddr, name: &str) -> Option<f64> {
         .text()
         .await
         .ok()?;
+    metric_in(&text, name)
+}
+
+/// The value of the unlabelled series `name` in a Prometheus text exposition.
+pub fn metric_in(text: &str, name: &str) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
         let (n, v) = l.split_once(' ')?;
         (n == name).then(|| v.trim().parse().ok()).flatten()

@@ -880,15 +880,9 @@ pub const CACHE_GAUGES: [&str; 3] = [
 
 /// The sum of [`CACHE_GAUGES`] in a Prometheus text exposition, in bytes.
 pub fn cache_bytes(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .filter_map(|l| {
-            let (name, value) = l.split_once(' ')?;
-            CACHE_GAUGES
-                .contains(&name)
-                .then(|| value.trim().parse::<f64>().ok())
-                .flatten()
-        })
+    CACHE_GAUGES
+        .iter()
+        .filter_map(|g| crate::cluster::metric_in(metrics, g))
         .map(|v| v.max(0.0) as u64)
         .sum()
 }
