@@ -27,7 +27,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use tracing::{debug, error, warn};
 
-use super::ledger::{LedgerHandle, decode_explicit_lac, encode_explicit_lac};
+use super::ledger::{LedgerHandle, decode_explicit_lac, encode_explicit_lac, owned_key};
 use super::metrics::ServerMetrics;
 use crate::entry::Entry;
 use crate::journal::{Journal, JournalError, JournalRecord};
@@ -328,7 +328,7 @@ impl BookieCore {
             return Ok((h, false));
         }
         let state = LedgerState {
-            master_key: master_key.clone(),
+            master_key: owned_key(master_key),
             fenced,
             explicit_lac: None,
             limbo: false,
@@ -491,7 +491,7 @@ impl BookieCore {
         handle.with(|st| {
             if st.master_key.is_empty() {
                 // State created by a limbo scan before any key was known.
-                st.master_key = master_key.clone();
+                st.master_key = owned_key(master_key);
                 *adopted = true;
             }
             if st.master_key != *master_key {
@@ -550,7 +550,7 @@ impl BookieCore {
             let adopted = st.master_key.is_empty();
             if adopted {
                 // State created by a limbo scan before any key was known.
-                st.master_key = master_key.clone();
+                st.master_key = owned_key(master_key);
             }
             if st.master_key != *master_key {
                 return Err(StatusCode::Unauthorized);
@@ -919,5 +919,119 @@ pub fn apply_replayed(storage: &LedgerStorage, rec: JournalRecord) -> Result<(),
                 .set_ledger_state(ledger_id, st)
                 .map_err(|e| e.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Range;
+
+    use super::*;
+    use crate::entry::EntryHeader;
+    use crate::fs::RealFs;
+    use crate::journal::{JournalConfig, JournalMetrics};
+    use crate::storage::{StorageConfig, StorageMetrics};
+
+    fn core(dir: &std::path::Path) -> BookieCore {
+        let fs: crate::fs::SharedFs = Arc::new(RealFs);
+        let mut jc = JournalConfig::new(dir.join("journal"));
+        jc.file_bytes = 1 << 20;
+        let journal = Journal::open(fs.clone(), jc, JournalMetrics::unregistered(), &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+        let sc = StorageConfig {
+            ledger_dir: dir.join("ledgers"),
+            entry_log_bytes_max: 1 << 20,
+            write_cache_bytes_max: 1 << 20,
+            read_cache_bytes_max: 1 << 20,
+            index_cache_bytes_max: 1 << 20,
+            read_ahead_entries_max: 10,
+            read_ahead_bytes_max: 1 << 20,
+            compaction_threshold: 0.5,
+            reserved_bytes: 0,
+        };
+        let storage =
+            Arc::new(LedgerStorage::open(fs, sc, StorageMetrics::unregistered()).unwrap());
+        let limits = CoreLimits {
+            entry_bytes_max: 1 << 20,
+            read_range_entries_max: 100,
+            read_range_bytes_max: 1 << 20,
+            long_poll_ms_max: 1_000,
+            write_cache_wait_ms_max: 100,
+        };
+        BookieCore::new(journal, storage, limits, ServerMetrics::unregistered())
+    }
+
+    /// A key sliced out of a 64 KiB buffer, as a gRPC decode hands it over,
+    /// and the address range of that buffer.
+    fn key_in_big_buffer() -> (Bytes, Range<usize>) {
+        let mut buf = vec![7u8; 64 * 1024];
+        buf[1000..1008].copy_from_slice(b"the-key!");
+        let whole = Bytes::from(buf);
+        let start = whole.as_ptr() as usize;
+        (whole.slice(1000..1008), start..start + whole.len())
+    }
+
+    fn cached_key(core: &BookieCore, ledger_id: u64) -> Bytes {
+        let h = core.handle(ledger_id).unwrap().unwrap();
+        let key = h.snapshot().master_key;
+        let stored = core.storage.ledger_state(ledger_id).unwrap().unwrap();
+        assert_eq!(stored.master_key, key);
+        key
+    }
+
+    #[tokio::test]
+    async fn cached_master_keys_do_not_keep_the_request_buffer_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = core(dir.path());
+
+        // A new ledger by an add.
+        let (key, buffer) = key_in_big_buffer();
+        let header = EntryHeader {
+            ledger_id: 1,
+            entry_id: 0,
+            lac: -1,
+            length: 3,
+        };
+        let op = AddOp {
+            ledger_id: 1,
+            entry_id: 0,
+            master_key: key.clone(),
+            recovery: false,
+            body: Entry::encode(header, b"abc"),
+        };
+        assert_eq!(core.add(op).await, StatusCode::Ok);
+        let kept = cached_key(&core, 1);
+        assert_eq!(kept, key);
+        assert!(!buffer.contains(&(kept.as_ptr() as usize)));
+
+        // A new ledger by a fence.
+        let (key, buffer) = key_in_big_buffer();
+        assert_eq!(core.fence(2, &key).await, StatusCode::Ok);
+        let kept = cached_key(&core, 2);
+        assert_eq!(kept, key);
+        assert!(!buffer.contains(&(kept.as_ptr() as usize)));
+
+        // A key adopted by a ledger a limbo scan created without one.
+        core.storage
+            .set_ledger_state(3, LedgerState::default())
+            .unwrap();
+        let (key, buffer) = key_in_big_buffer();
+        let header = EntryHeader {
+            ledger_id: 3,
+            ..header
+        };
+        let op = AddOp {
+            ledger_id: 3,
+            entry_id: 0,
+            master_key: key.clone(),
+            recovery: false,
+            body: Entry::encode(header, b"abc"),
+        };
+        assert_eq!(core.add(op).await, StatusCode::Ok);
+        let kept = cached_key(&core, 3);
+        assert_eq!(kept, key);
+        assert!(!buffer.contains(&(kept.as_ptr() as usize)));
     }
 }

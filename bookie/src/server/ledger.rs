@@ -23,6 +23,16 @@ pub struct LedgerHandle {
     lac: watch::Sender<i64>,
 }
 
+/// `key` in an allocation of its own, for state kept as long as the ledger.
+///
+/// Keys arrive as slices of a gRPC decode buffer (`Bytes` fields decode
+/// without a copy). Keeping such a slice in the ledger's cached state would
+/// keep the whole buffer, kilobytes of other requests' entries, alive for as
+/// long as the ledger is cached: about 16 KiB per ledger a bookie ever saw.
+pub fn owned_key(key: &Bytes) -> Bytes {
+    Bytes::copy_from_slice(key)
+}
+
 /// Encodes an explicit LAC for storage: the LAC then the writer's opaque body.
 pub fn encode_explicit_lac(lac: i64, body: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(8 + body.len());
