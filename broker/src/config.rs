@@ -80,6 +80,13 @@ pub struct BrokerConfig {
     /// Ack quorum Qa; 0 = the mode's default (2 cluster, 1 standalone).
     #[arg(long, default_value_t = 0)]
     pub ack_quorum: usize,
+    /// Sticky reads: when every bookie of a ledger's ensemble holds every
+    /// entry (E = Qw), read all of the ledger's entries from one bookie
+    /// first, so that bookie's read-ahead serves a catch-up read instead of
+    /// every bookie reading the whole range (Pulsar's
+    /// `bookkeeperEnableStickyReads`). Another replica takes over on errors.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub sticky_reads: bool,
 
     /// Largest message (metadata + payload) accepted, in bytes; told to
     /// clients in CONNECTED, capped there by what one ledger entry holds (a

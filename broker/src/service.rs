@@ -294,6 +294,7 @@ pub async fn run(
         .map(|a| format!("https://{}:{}", config.advertised_host(a), a.port()));
 
     let client_options = LedgerClientOptions {
+        sticky_reads: config.sticky_reads,
         metrics: Some(
             cms_bookie::client::driver::metrics::ClientMetrics::new(&registry)
                 .map_err(|e| BrokerError::Io(e.to_string()))?,

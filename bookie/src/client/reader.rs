@@ -10,7 +10,16 @@
 //! - replicas are tried in write-set order, bookies known to have failed
 //!   last; a digest failure, an error or a "no entry" moves to the next one;
 //!   after a timeout input a second, speculative read goes to the next
-//!   replica while the first may still answer; the first valid copy wins.
+//!   replica while the first may still answer; the first valid copy wins;
+//! - **sticky reads** (opt-out, [`Reader::set_sticky_reads`]): when every
+//!   bookie of the ensemble holds every entry (E = Qw), all entries of the
+//!   ledger are asked of the same bookie first (its slot is the ledger id
+//!   modulo E, so ledgers spread over the bookies) instead of the write set's
+//!   first, which rotates per entry. One bookie then serves a catch-up read
+//!   from its read-ahead instead of every bookie reading (and caching) the
+//!   whole range from disk. A failed sticky bookie is tried last, as above,
+//!   so the next one in that fixed order takes over. Pulsar's
+//!   `bookkeeperEnableStickyReads`, on by default there too.
 
 use std::collections::BTreeSet;
 
@@ -51,6 +60,7 @@ pub struct Reader {
     spec: QuorumSpec,
     lac: EntryId,
     failed: BTreeSet<BookieId>,
+    sticky: bool,
 }
 
 impl Reader {
@@ -63,6 +73,7 @@ impl Reader {
             spec,
             lac: -1,
             failed: BTreeSet::new(),
+            sticky: false,
         })
     }
 
@@ -126,6 +137,11 @@ impl Reader {
         self.failed.remove(bookie);
     }
 
+    /// Sticky reads on or off (see the module doc; off for a new reader).
+    pub fn set_sticky_reads(&mut self, on: bool) {
+        self.sticky = on;
+    }
+
     /// Starts a read of `entry_id`, refused past [`Reader::last_readable`].
     pub fn read(&self, entry_id: EntryId) -> Result<EntryRead, ReadError> {
         let last_readable = self.last_readable();
@@ -135,7 +151,14 @@ impl Reader {
                 last_readable,
             });
         }
-        let ws = write_set_bookies(&self.md, &self.spec, entry_id);
+        let mut ws = write_set_bookies(&self.md, &self.spec, entry_id);
+        let n = ws.len() as u64;
+        if self.sticky && n > 0 && self.spec.write_quorum() == self.spec.ensemble_size() {
+            // ws[k] is ensemble slot (entry + k) mod n; put slot
+            // (ledger + k) mod n at k instead: one order for every entry.
+            let entry = entry_id as u64 % n;
+            ws.rotate_left(((self.ledger_id % n + n - entry) % n) as usize);
+        }
         let (healthy, failed): (Vec<_>, Vec<_>) =
             ws.into_iter().partition(|b| !self.failed.contains(b));
         let candidates: Vec<BookieId> = healthy.into_iter().chain(failed).collect();
@@ -328,6 +351,55 @@ mod tests {
         r.bookie_failed("b2");
         let mut rd = r.read(1).unwrap();
         assert_eq!(rd.start(), ReadStep::Send("b3".into()));
+    }
+
+    fn md_full_copies() -> LedgerMetadata {
+        new_ledger(NewLedger {
+            ledger_id: 4,
+            quorum: QuorumSpec::new(3, 3, 2).unwrap(),
+            ensemble: vec!["b1".into(), "b2".into(), "b3".into()],
+            password: Bytes::new(),
+            custom: HashMap::new(),
+            ctime_ms: 0,
+        })
+        .unwrap()
+    }
+
+    fn order(r: &Reader, entry_id: EntryId) -> Vec<BookieId> {
+        r.read(entry_id).unwrap().candidates
+    }
+
+    #[test]
+    fn sticky_reads_ask_one_bookie_first_for_every_entry_when_each_holds_all() {
+        let mut r = Reader::new(md_full_copies()).unwrap();
+        r.observe_lac_answer(Some(&entry(9, 9)), None);
+        // Off: the write set's order, rotating with the entry.
+        assert_eq!(order(&r, 0), ["b1", "b2", "b3"]);
+        assert_eq!(order(&r, 1), ["b2", "b3", "b1"]);
+        r.set_sticky_reads(true);
+        // On: ledger 4, E = 3: slot 4 mod 3 = 1 first for every entry.
+        for e in 0..=9 {
+            assert_eq!(order(&r, e), ["b2", "b3", "b1"], "entry {e}");
+        }
+        // A failed sticky bookie goes last; the next takes over for all.
+        r.bookie_failed("b2");
+        for e in 0..=9 {
+            assert_eq!(order(&r, e), ["b3", "b1", "b2"], "entry {e}");
+        }
+        r.bookie_recovered("b2");
+        assert_eq!(order(&r, 5), ["b2", "b3", "b1"]);
+    }
+
+    #[test]
+    fn sticky_reads_keep_the_write_set_when_bookies_hold_stripes() {
+        // E3 / Qw2: a bookie holds only two entries in three, so the write
+        // set (the replicas that have the entry) decides.
+        let mut r = Reader::new(md()).unwrap();
+        r.observe_lac_answer(Some(&entry(9, 9)), None);
+        r.set_sticky_reads(true);
+        assert_eq!(order(&r, 0), ["b1", "b2"]);
+        assert_eq!(order(&r, 1), ["b2", "b3"]);
+        assert_eq!(order(&r, 2), ["b3", "b1"]);
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct LedgerClientOptions {
     pub speculative_read_timeout_ms: u64,
     /// Entries read concurrently by one `read` call.
     pub read_parallelism_max: usize,
+    /// When every bookie holds every entry (E = Qw), ask one bookie per
+    /// ledger first for all its entries, so its read-ahead serves a
+    /// sequential read ([`crate::client::reader`]); default on.
+    pub sticky_reads: bool,
     /// Recoveries started for one `open_ledger(id, true)` before it fails.
     pub recovery_attempts_max: u32,
     /// Bookie id → `host:port` that wins over the registered endpoint (tests
@@ -99,6 +103,7 @@ impl Default for LedgerClientOptions {
             metadata_attempts_max: 20,
             speculative_read_timeout_ms: 500,
             read_parallelism_max: 64,
+            sticky_reads: true,
             recovery_attempts_max: 3,
             endpoint_overrides: HashMap::new(),
             metrics: None,

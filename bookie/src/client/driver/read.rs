@@ -61,7 +61,8 @@ fn nonempty(b: Bytes) -> Option<Bytes> {
 
 impl ReadHandle {
     pub(crate) fn new(inner: Arc<Inner>, md: LedgerMetadata) -> Result<ReadHandle, LedgerError> {
-        let reader = Reader::new(md.clone()).map_err(LedgerError::Read)?;
+        let mut reader = Reader::new(md.clone()).map_err(LedgerError::Read)?;
+        reader.set_sticky_reads(inner.options.sticky_reads);
         Ok(ReadHandle {
             inner,
             ledger_id: md.ledger_id,
