@@ -279,9 +279,13 @@ mod tests {
     use crate::entry::EntryHeader;
 
     fn md() -> LedgerMetadata {
+        md_with(QuorumSpec::new(3, 2, 2).unwrap())
+    }
+
+    fn md_with(quorum: QuorumSpec) -> LedgerMetadata {
         new_ledger(NewLedger {
             ledger_id: 4,
-            quorum: QuorumSpec::new(3, 2, 2).unwrap(),
+            quorum,
             ensemble: vec!["b1".into(), "b2".into(), "b3".into()],
             password: Bytes::new(),
             custom: HashMap::new(),
@@ -353,25 +357,13 @@ mod tests {
         assert_eq!(rd.start(), ReadStep::Send("b3".into()));
     }
 
-    fn md_full_copies() -> LedgerMetadata {
-        new_ledger(NewLedger {
-            ledger_id: 4,
-            quorum: QuorumSpec::new(3, 3, 2).unwrap(),
-            ensemble: vec!["b1".into(), "b2".into(), "b3".into()],
-            password: Bytes::new(),
-            custom: HashMap::new(),
-            ctime_ms: 0,
-        })
-        .unwrap()
-    }
-
     fn order(r: &Reader, entry_id: EntryId) -> Vec<BookieId> {
         r.read(entry_id).unwrap().candidates
     }
 
     #[test]
     fn sticky_reads_ask_one_bookie_first_for_every_entry_when_each_holds_all() {
-        let mut r = Reader::new(md_full_copies()).unwrap();
+        let mut r = Reader::new(md_with(QuorumSpec::new(3, 3, 2).unwrap())).unwrap();
         r.observe_lac_answer(Some(&entry(9, 9)), None);
         // Off: the write set's order, rotating with the entry.
         assert_eq!(order(&r, 0), ["b1", "b2", "b3"]);

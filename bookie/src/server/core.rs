@@ -981,57 +981,50 @@ mod tests {
         key
     }
 
-    #[tokio::test]
-    async fn cached_master_keys_do_not_keep_the_request_buffer_alive() {
-        let dir = tempfile::tempdir().unwrap();
-        let core = core(dir.path());
-
-        // A new ledger by an add.
-        let (key, buffer) = key_in_big_buffer();
+    /// Adds entry 0 of `ledger_id` with `key`.
+    async fn add_first(core: &BookieCore, ledger_id: u64, key: &Bytes) -> StatusCode {
         let header = EntryHeader {
-            ledger_id: 1,
+            ledger_id,
             entry_id: 0,
             lac: -1,
             length: 3,
         };
         let op = AddOp {
-            ledger_id: 1,
+            ledger_id,
             entry_id: 0,
             master_key: key.clone(),
             recovery: false,
             body: Entry::encode(header, b"abc"),
         };
-        assert_eq!(core.add(op).await, StatusCode::Ok);
-        let kept = cached_key(&core, 1);
-        assert_eq!(kept, key);
-        assert!(!buffer.contains(&(kept.as_ptr() as usize)));
+        core.add(op).await
+    }
+
+    #[tokio::test]
+    async fn cached_master_keys_do_not_keep_the_request_buffer_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = core(dir.path());
+        let check = |ledger_id: u64, key: &Bytes, buffer: &Range<usize>| {
+            let kept = cached_key(&core, ledger_id);
+            assert_eq!(kept, key);
+            assert!(!buffer.contains(&(kept.as_ptr() as usize)));
+        };
+
+        // A new ledger by an add.
+        let (key, buffer) = key_in_big_buffer();
+        assert_eq!(add_first(&core, 1, &key).await, StatusCode::Ok);
+        check(1, &key, &buffer);
 
         // A new ledger by a fence.
         let (key, buffer) = key_in_big_buffer();
         assert_eq!(core.fence(2, &key).await, StatusCode::Ok);
-        let kept = cached_key(&core, 2);
-        assert_eq!(kept, key);
-        assert!(!buffer.contains(&(kept.as_ptr() as usize)));
+        check(2, &key, &buffer);
 
         // A key adopted by a ledger a limbo scan created without one.
         core.storage
             .set_ledger_state(3, LedgerState::default())
             .unwrap();
         let (key, buffer) = key_in_big_buffer();
-        let header = EntryHeader {
-            ledger_id: 3,
-            ..header
-        };
-        let op = AddOp {
-            ledger_id: 3,
-            entry_id: 0,
-            master_key: key.clone(),
-            recovery: false,
-            body: Entry::encode(header, b"abc"),
-        };
-        assert_eq!(core.add(op).await, StatusCode::Ok);
-        let kept = cached_key(&core, 3);
-        assert_eq!(kept, key);
-        assert!(!buffer.contains(&(kept.as_ptr() as usize)));
+        assert_eq!(add_first(&core, 3, &key).await, StatusCode::Ok);
+        check(3, &key, &buffer);
     }
 }
