@@ -19,7 +19,8 @@
 //!   [`StorageError::Corrupt`] (RELIABILITY P0-8).
 //! - A tailing reader is served from the write cache; a miss that goes to an entry
 //!   log reads the ledger's following entries in the same I/O into the read cache
-//!   (bounded by `read_ahead_entries_max` / `read_ahead_bytes_max`).
+//!   (bounded by `read_ahead_entries_max` / `read_ahead_bytes_max`), except
+//!   those another read is bringing in now ([`read_ahead`]).
 //! - Data of a ledger is deleted only by [`LedgerStorage::delete_ledger`] (the
 //!   server decides, after checking metadata); its bytes go away with entry-log GC
 //!   and compaction ([`gc`]).
@@ -34,6 +35,7 @@ pub(crate) mod entry_log;
 mod gc;
 pub(crate) mod index;
 mod metrics;
+mod read_ahead;
 mod read_cache;
 mod write_cache;
 
@@ -54,6 +56,7 @@ use crate::fs::SharedFs;
 use entry_log::{LOG_HEADER_BYTES, Location, LogFiles, LogWriter, decode_record};
 pub use index::INDEX_CACHE_BYTES_MAX;
 use index::{Index, LEDGERS, LOCATIONS, LOG_LEDGERS, add_usage, db_err, encode_state};
+use read_ahead::ReadAheadClaims;
 use read_cache::ReadCache;
 use write_cache::{Half, WriteCache};
 
@@ -163,6 +166,8 @@ pub struct LedgerStorage {
     /// States set since the last flush (read before the index).
     states: RwLock<HashMap<u64, LedgerState>>,
     read_cache: ReadCache,
+    /// Read-ahead ranges being read now (concurrent misses do not re-read them).
+    read_ahead: ReadAheadClaims,
     /// One GC / compaction pass at a time.
     gc_lock: Mutex<()>,
     closed: AtomicBool,
@@ -228,6 +233,7 @@ impl LedgerStorage {
             )),
             cache: RwLock::new(WriteCache::new(cfg.write_cache_bytes_max)),
             read_cache: ReadCache::new(cfg.read_cache_bytes_max),
+            read_ahead: ReadAheadClaims::default(),
             index: RwLock::new(Some(Arc::new(index))),
             states: RwLock::new(HashMap::new()),
             gc_lock: Mutex::new(()),
@@ -329,6 +335,11 @@ impl LedgerStorage {
                 }
                 end = loc.end();
                 span.push((e, loc));
+            }
+            // Released after this iteration's cache inserts (or on `continue`).
+            let _claim = self.read_ahead.claim(ledger_id, &mut span);
+            if let Some(&(_, last)) = span.last() {
+                end = last.end();
             }
             let file = match self.files.get(first.log_id) {
                 Ok(f) => f,
