@@ -195,6 +195,11 @@ pub struct Dispatcher {
     delayed: BTreeSet<(u64, Position)>,
     /// Delayed delivery: position -> due time (the same entries as `delayed`).
     delayed_at: HashMap<Position, u64>,
+    /// Running mean of messages per entry read (batches hold many), so a
+    /// read asks for about as many entries as the permits (counted in
+    /// messages) can take: Pulsar's `avgMessagesPerEntry`. Entries read
+    /// beyond the permits go to the replay set and are read again.
+    messages_per_entry: f64,
 }
 
 impl Dispatcher {
@@ -223,6 +228,7 @@ impl Dispatcher {
             now_ms: 0,
             delayed: BTreeSet::new(),
             delayed_at: HashMap::new(),
+            messages_per_entry: 1.0,
         }
     }
 
@@ -619,11 +625,20 @@ impl Dispatcher {
                 .limits
                 .unacked_messages_per_subscription_max
                 .saturating_sub(self.unacked_total);
+            // Permits and room count messages; a read counts entries.
+            let entries_for = |messages: u64| {
+                let n = (messages as f64 / self.messages_per_entry).ceil();
+                if n >= usize::MAX as f64 {
+                    usize::MAX
+                } else {
+                    n as usize
+                }
+            };
             let n = self
                 .limits
                 .read_entries_max
-                .min(usize::try_from(permits).unwrap_or(usize::MAX))
-                .min(usize::try_from(room).unwrap_or(usize::MAX))
+                .min(entries_for(u64::try_from(permits).unwrap_or(u64::MAX)))
+                .min(entries_for(room))
                 .max(1);
             if self.replay.is_empty() {
                 if !self.may_read_new() {
@@ -710,6 +725,11 @@ impl Dispatcher {
                 }
             }
             ReadPlan::Next { .. } => {}
+        }
+        for e in &entries {
+            // Weight 1/16: follows a change of batch size within a few reads.
+            self.messages_per_entry +=
+                (f64::from(e.messages.max(1)) - self.messages_per_entry) / 16.0;
         }
         let entries = self.hold_delayed(entries);
         self.assign(entries)

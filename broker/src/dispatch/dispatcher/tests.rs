@@ -708,6 +708,54 @@ fn reads_are_bounded_by_permits_the_batch_limit_and_the_subscription_room() {
     }
 }
 
+#[test]
+fn reads_of_batched_entries_ask_for_about_as_many_entries_as_the_permits_take() {
+    let mut d = Dispatcher::new(DispatchLimits::default());
+    d.add_consumer(info(1, "a", 0, SubType::Exclusive))
+        .unwrap_or_else(|e| panic!("{e}"));
+    d.flow(cid(1), 1000).unwrap_or_else(|e| panic!("{e}"));
+    let batch = |e: i64| ReadEntry {
+        position: pos(e),
+        messages: 100,
+        key_hash: 0,
+        deliver_at_ms: None,
+        payload: (),
+    };
+    let mut next = 0i64;
+    let mut asked = Vec::new();
+    // Entries of 100 messages each: the consumer's 1,000 permits take 10.
+    // Whatever is given is acked at once and its permits come back.
+    for _ in 0..100 {
+        let t = d.next_read().unwrap_or_else(|| panic!("a read"));
+        let entries: Vec<ReadEntry<()>> = match t.plan().clone() {
+            ReadPlan::Next { entries_max } => {
+                asked.push(entries_max);
+                (next..next + entries_max as i64).map(batch).collect()
+            }
+            // Read beyond the permits before: read again.
+            ReadPlan::Replay(ps) => ps.iter().map(|p| batch(p.entry_id)).collect(),
+            ReadPlan::Rewind => panic!("no rewind here"),
+        };
+        next = next.max(
+            entries
+                .iter()
+                .map(|e| e.position.entry_id + 1)
+                .max()
+                .unwrap_or(next),
+        );
+        let given = d.read_done(t, entries);
+        let got: u32 = given.iter().map(|a| a.messages).sum();
+        let positions: Vec<Position> = given.iter().map(|a| a.position).collect();
+        d.ack(cid(1), &positions).unwrap_or_else(|e| panic!("{e}"));
+        d.flow(cid(1), got).unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The first read knows nothing of batches (100 entries); the estimate
+    // then converges on 100 messages per entry: reads of about 10 entries.
+    assert_eq!(asked[0], 100);
+    let last = asked[asked.len() - 1];
+    assert!((10..=12).contains(&last), "asked {asked:?}");
+}
+
 /// Random consumers, permits, acks, nacks and departures on a model topic:
 /// no entry is ever held by two consumers, nothing goes to a consumer
 /// without permits, and once everyone acks everything every entry was
