@@ -14,7 +14,7 @@
 //! entry another claim covers. A claim never delays a read: nothing waits.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// Claimed read-ahead ranges `(first, last)` per ledger.
 #[derive(Debug, Default)]
@@ -43,13 +43,14 @@ pub(crate) fn keep(claimed: &[(i64, i64)], span: &[i64]) -> usize {
 }
 
 impl ReadAheadClaims {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<(i64, i64)>>> {
+        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Trims `span` (see [`keep`]) and claims what it reads ahead (all but
     /// the first entry), if anything.
     pub(crate) fn claim<T>(&self, ledger_id: u64, span: &mut Vec<(i64, T)>) -> Option<Claim<'_>> {
-        let mut ranges = match self.ranges.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut ranges = self.lock();
         let ids: Vec<i64> = span.iter().map(|(e, _)| *e).collect();
         let n = keep(ranges.get(&ledger_id).map_or(&[], |v| v.as_slice()), &ids);
         span.truncate(n.max(1));
@@ -68,10 +69,7 @@ impl ReadAheadClaims {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        let mut ranges = match self.claims.ranges.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut ranges = self.claims.lock();
         if let Some(v) = ranges.get_mut(&self.ledger_id) {
             if let Some(i) = v.iter().position(|r| *r == self.range) {
                 v.swap_remove(i);

@@ -626,14 +626,9 @@ impl Dispatcher {
                 .unacked_messages_per_subscription_max
                 .saturating_sub(self.unacked_total);
             // Permits and room count messages; a read counts entries.
-            let entries_for = |messages: u64| {
-                let n = (messages as f64 / self.messages_per_entry).ceil();
-                if n >= usize::MAX as f64 {
-                    usize::MAX
-                } else {
-                    n as usize
-                }
-            };
+            // (A float-to-integer `as` saturates.)
+            let entries_for =
+                |messages: u64| (messages as f64 / self.messages_per_entry).ceil() as usize;
             let n = self
                 .limits
                 .read_entries_max
