@@ -174,7 +174,16 @@ impl Decoder for PulsarCodec {
             src.reserve(frame_len - src.len());
             return Ok(None);
         }
-        let mut frame = src.split_to(frame_len).freeze();
+        // A frame split off the read buffer would share its allocation, and
+        // anything kept from it (a cached payload, a key) would pin the whole
+        // buffer: frames smaller than half of it get their own copy.
+        let mut frame = if frame_len.saturating_mul(2) < src.capacity() {
+            let f = Bytes::copy_from_slice(&src[..frame_len]);
+            src.advance(frame_len);
+            f
+        } else {
+            src.split_to(frame_len).freeze()
+        };
         frame.advance(4);
         decode_frame_body(frame).map(Some)
     }

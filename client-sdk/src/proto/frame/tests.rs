@@ -354,6 +354,27 @@ fn payload_frames_round_trip_without_copying_the_entry() {
 }
 
 #[test]
+fn small_frames_do_not_share_the_read_buffer() {
+    // Many small frames arrive in one read buffer: a decoded entry kept
+    // (say, in the broker's entry cache) must not pin that whole buffer.
+    let frame = payload_frames().remove(0);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    for _ in 0..8 {
+        buf.extend_from_slice(&encode(Frame::Payload(frame.clone())));
+    }
+    let start = buf.as_ptr() as usize;
+    let end = start + buf.capacity();
+    let frames = decode_all(&mut buf);
+    assert_eq!(frames.len(), 8);
+    for f in frames {
+        let Frame::Payload(p) = f else { unreachable!() };
+        assert_eq!(p.entry, frame.entry);
+        let at = p.entry.as_ptr() as usize;
+        assert!(!(start..end).contains(&at), "entry shares the read buffer");
+    }
+}
+
+#[test]
 fn required_zero_fields_are_on_the_wire() {
     // G1: SEND_RECEIPT(producer 0, sequence 0, ledger 0, entry 0).
     let mut buf = BytesMut::new();
