@@ -99,6 +99,9 @@ impl TopicDedup {
         let cursor = ml
             .open_cursor(DEDUP_CURSOR, InitialPosition::Latest)
             .await?;
+        // Nobody tails through it: it holds nothing in the entry cache
+        // (Pulsar: `setAlwaysInactive`).
+        cursor.set_active(false)?;
         let snapshot = cursor.properties()?;
         let mut state = DedupState::restore(&snapshot, config.producers_max);
         let replayed = fold_entries(&cursor, &mut state).await?;

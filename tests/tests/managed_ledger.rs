@@ -164,19 +164,91 @@ async fn appends_across_rollovers_read_back_in_order_from_cache_and_bookies() {
     drop(ml);
     let cache = EntryCache::new(1 << 20);
     let ml = open(&zk, "t/ns/rollover", config(10), cache.clone()).await;
+    let tail = ml.open_non_durable_cursor("tail", InitialPosition::Latest);
     let more = append_n(&ml, 56, 5).await;
     assert!(more[0] > next);
-    assert!(cache.len() >= 5, "appended entries are cached");
+    assert_eq!(
+        cache.len(),
+        5,
+        "appended entries are cached for the tailing cursor"
+    );
     let all = ml.read(Position::new(0, 0), 1_000).await.unwrap();
     assert_eq!(all.len(), 61);
     for (i, e) in all.iter().enumerate() {
         assert_eq!(e.payload.as_ref(), payload(i).as_slice());
     }
-    // A reader cursor reads everything and lets the cache evict it.
+    // A reader cursor reads everything; the tailing cursor has not yet.
     let reader = ml.open_non_durable_cursor("reader", InitialPosition::Earliest);
     let read = reader.read_next(1_000).await.unwrap();
     assert_eq!(read.len(), 61);
+    assert_eq!(
+        cache.len(),
+        5,
+        "the tailing cursor holds what it has not read"
+    );
+    assert_eq!(tail.read_next(1_000).await.unwrap().len(), 5);
     assert_eq!(cache.len(), 0, "what every cursor has read is evicted");
+    ml.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_active_cursors_that_keep_up_hold_entries_in_the_cache() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let cache = EntryCache::new(1 << 20);
+    let cfg = ManagedLedgerConfig {
+        cache_backlogged_entries: 20,
+        ..config(1_000)
+    };
+    let ml = open(&zk, "t/ns/cache-holders", cfg.clone(), cache.clone()).await;
+    // Nobody reads: appends are not cached.
+    append_n(&ml, 0, 5).await;
+    assert_eq!(cache.len(), 0, "no cursor");
+    // An active cursor holds what it has not read yet.
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Latest)
+        .await
+        .unwrap();
+    append_n(&ml, 5, 5).await;
+    assert_eq!(cache.len(), 5, "an active cursor");
+    // Inactive (its consumers left): evicted, and nothing more is cached.
+    sub.set_active(false).unwrap();
+    assert_eq!(cache.len(), 0, "deactivated");
+    append_n(&ml, 10, 5).await;
+    assert_eq!(cache.len(), 0, "inactive");
+    // Active again, 15 entries behind (within 20): cached again.
+    sub.set_active(true).unwrap();
+    append_n(&ml, 15, 5).await;
+    assert_eq!(cache.len(), 5, "active within the backlogged threshold");
+    // Past the threshold the cursor is backlogged: it reads from the
+    // bookies, so the cache lets go of this managed ledger.
+    append_n(&ml, 20, 10).await;
+    assert_eq!(cache.len(), 0, "backlogged");
+    let read = sub.read_next(1_000).await.unwrap();
+    assert_eq!(read.len(), 25);
+    assert_eq!(read[0].payload.as_ref(), payload(5).as_slice());
+    // Caught up: held again.
+    append_n(&ml, 30, 3).await;
+    assert_eq!(cache.len(), 3, "caught up");
+    // A new owner restores the durable cursor inactive: it holds nothing
+    // until someone reads through it.
+    drop(ml);
+    let cache = EntryCache::new(1 << 20);
+    let ml = open(&zk, "t/ns/cache-holders", cfg, cache.clone()).await;
+    append_n(&ml, 33, 3).await;
+    assert_eq!(cache.len(), 0, "restored cursors are inactive");
+    let sub = ml
+        .open_cursor("sub", InitialPosition::Latest)
+        .await
+        .unwrap();
+    assert_eq!(
+        sub.read_next(1_000).await.unwrap().len(),
+        31,
+        "nothing acked"
+    );
+    append_n(&ml, 36, 2).await;
+    assert_eq!(cache.len(), 2, "opened again and caught up: active");
+    sub.close().await.unwrap();
     ml.close().await.unwrap();
 }
 

@@ -430,3 +430,28 @@ async fn permits_redelivery_counts_readers_and_resuming_from_the_cursor() {
     assert!(store.get(node).await.is_err(), "cursor node deleted");
     ml.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_subscriptions_with_consumers_hold_entries_in_the_cache() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let env = env(&zk).await;
+    let ml = open(&env, "t/ns/cache-holders").await;
+    // A durable subscription nobody consumes from (Pulsar: an inactive
+    // cursor) does not keep what is published in the broker's cache.
+    let sub = durable(&ml, "idle").await;
+    append(&ml, 5, 1).await;
+    assert_eq!(env.cache.len(), 0, "no consumer");
+    // A consumer attached (no permits yet, so nothing is read): the new
+    // entries wait in the cache for it.
+    let _rx = attach(&sub, 1, "c1", SubType::Shared).unwrap();
+    append(&ml, 5, 1).await;
+    assert_eq!(env.cache.len(), 5, "a consumer attached");
+    // The consumer leaves: the cache lets go, and keeps nothing more.
+    sub.remove_consumer(cid(1)).unwrap();
+    assert_eq!(env.cache.len(), 0, "the consumer left");
+    append(&ml, 3, 1).await;
+    assert_eq!(env.cache.len(), 0, "no consumer again");
+    sub.close().await.unwrap();
+    ml.close().await.unwrap();
+}

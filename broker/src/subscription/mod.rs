@@ -160,6 +160,8 @@ impl Subscription {
             io: tokio::sync::Mutex::new(()),
             task: Mutex::new(None),
         });
+        // No consumers yet: the cursor holds nothing in the entry cache.
+        inner.sync_active(&lock(&inner.state));
         let task = tokio::spawn(read_loop::run(Arc::downgrade(&inner), wake));
         *lock(&inner.task) = Some(task);
         info!(topic = %inner.topic, subscription = %inner.name, durable, "subscription opened");
@@ -213,6 +215,7 @@ impl Subscription {
         })?;
         st.sinks.insert(spec.id, spec.sink);
         emit(&st, events);
+        self.inner.sync_active(&st);
         drop(st);
         info!(topic = %self.inner.topic, subscription = %self.inner.name, consumer = %spec.id,
             name = %spec.name, sub_type = %spec.sub_type, "consumer attached");
@@ -223,7 +226,7 @@ impl Subscription {
     /// Detaches a consumer; its unacknowledged entries are redelivered.
     pub fn remove_consumer(&self, id: ConsumerId) -> Result<(), SubError> {
         let mut st = self.state()?;
-        detach(&mut st, id)?;
+        detach(&self.inner, &mut st, id)?;
         drop(st);
         info!(topic = %self.inner.topic, subscription = %self.inner.name, consumer = %id, "consumer detached");
         self.inner.wake.notify_one();
@@ -389,6 +392,7 @@ impl Subscription {
         }
         self.stop().await;
         if self.inner.durable {
+            let _ = self.inner.cursor.set_active(false);
             self.inner.cursor.persist().await?;
         } else {
             self.inner.ml.delete_cursor(&self.inner.name).await?;
@@ -432,11 +436,23 @@ impl Subscription {
 }
 
 /// Detaches `id` and tells the others what changed.
-fn detach(st: &mut State, id: ConsumerId) -> Result<(), SubError> {
+fn detach(inner: &Inner, st: &mut State, id: ConsumerId) -> Result<(), SubError> {
     let events = st.d.remove_consumer(id)?;
     st.sinks.remove(&id);
     emit(st, events);
+    inner.sync_active(st);
     Ok(())
+}
+
+impl Inner {
+    /// The cursor is active (holds tailing entries in the broker's entry
+    /// cache) exactly while consumers are attached (Pulsar's active
+    /// cursors). A closed cursor's error is moot here.
+    fn sync_active(&self, st: &State) {
+        let _ = self
+            .cursor
+            .set_active(!st.closed && !st.d.consumer_ids().is_empty());
+    }
 }
 
 /// Sends Failover notifications (queued behind a full sink, never dropped

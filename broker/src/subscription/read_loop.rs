@@ -243,7 +243,7 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
     }
     for id in gone {
         debug!(topic = %inner.topic, subscription = %inner.name, consumer = %id, "consumer sink closed; detaching");
-        let _ = detach(&mut st, id);
+        let _ = detach(inner, &mut st, id);
     }
 }
 
@@ -276,7 +276,7 @@ fn resume_when_writable(weak: Weak<Inner>, id: ConsumerId, sink: mpsc::Sender<De
         if open {
             let _ = st.d.set_writable(id, true);
         } else {
-            let _ = detach(&mut st, id);
+            let _ = detach(&inner, &mut st, id);
         }
         drop(st);
         inner.wake.notify_one();

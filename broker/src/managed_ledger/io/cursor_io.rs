@@ -207,6 +207,7 @@ pub(super) async fn open_durable(
             io: Some(Arc::new(tokio::sync::Mutex::new(cl))),
             snapshots_written: 1,
             read_ahead: std::collections::VecDeque::new(),
+            active: false,
         },
     );
     Ok(())

@@ -81,6 +81,11 @@ pub struct ManagedLedgerConfig {
     pub read_ahead_entries: usize,
     /// Payload bytes one cursor keeps read ahead, at most.
     pub read_ahead_bytes_max: usize,
+    /// An active cursor more than this many entries behind the last
+    /// confirmed entry no longer holds entries in the broker's entry cache
+    /// (it reads from the bookies anyway; Pulsar:
+    /// `managedLedgerCursorBackloggedThreshold=1000`).
+    pub cache_backlogged_entries: u64,
     /// Retries after a ledger write failure (recovering the failed ledger,
     /// creating the next one): backoff and the window after which pending
     /// appends fail with [`MlError::Unavailable`].
@@ -107,6 +112,7 @@ impl Default for ManagedLedgerConfig {
             metrics: MlMetrics::default(),
             read_ahead_entries: 100,
             read_ahead_bytes_max: 4 << 20,
+            cache_backlogged_entries: 1000,
             ledger_failure_retry: RetryPolicy::default(),
             dispatch_reads: super::DispatchReads::default(),
         }
@@ -246,6 +252,10 @@ pub(super) struct CursorSlot {
     /// Consecutive entries read ahead of `read_after` (bounded by the
     /// config's read-ahead limits), served before reading again.
     pub(super) read_ahead: VecDeque<Entry>,
+    /// Someone reads through this cursor (a subscription with consumers):
+    /// only active cursors that are not backlogged keep appended entries
+    /// in the entry cache ([`Shared::cache_floor`]).
+    pub(super) active: bool,
 }
 
 pub(super) struct Core {
@@ -454,13 +464,25 @@ impl Shared {
         }
     }
 
-    fn cursor_read_floor(&self) -> Option<Position> {
-        self.core().cursors.values().map(|s| s.read_after).min()
+    /// What the entry cache keeps for this managed ledger: the entries after
+    /// the returned position (the slowest read position over the active
+    /// cursors that are at most `cache_backlogged_entries` behind), or
+    /// nothing (None) when no cursor is such. Cursors without consumers and
+    /// far-behind readers hold nothing back (Pulsar's active cursors).
+    fn cache_floor(c: &Core, backlogged: u64) -> Option<Position> {
+        let last = c.list.last_confirmed_position();
+        c.cursors
+            .values()
+            .filter(|s| s.active && c.list.count_entries(s.read_after, last) <= backlogged)
+            .map(|s| s.read_after)
+            .min()
     }
 
     fn evict_read(&self) {
-        if let Some(p) = self.cursor_read_floor() {
-            self.cache.evict_up_to(self.cache_id, p);
+        let floor = Self::cache_floor(&self.core(), self.config.cache_backlogged_entries);
+        match floor {
+            Some(p) => self.cache.evict_up_to(self.cache_id, p),
+            None => self.cache.evict_all(self.cache_id),
         }
     }
 
@@ -695,17 +717,24 @@ impl Shared {
     /// tailing readers.
     fn confirm(&self, item: &AddItem) -> Result<Position, MlError> {
         let size = u64::try_from(item.payload.len()).unwrap_or(u64::MAX);
-        let pos = {
+        let (pos, cached) = {
             let mut c = self.core();
             match c.list.record_add(item.ledger_id, item.entry_id, size) {
-                Ok(p) => p,
+                Ok(p) => (
+                    p,
+                    Self::cache_floor(&c, self.config.cache_backlogged_entries).is_some(),
+                ),
                 Err(e) => {
                     drop(c);
                     return Err(self.set_terminal(MlError::List(e)));
                 }
             }
         };
-        self.cache.insert(self.cache_id, pos, item.payload.clone());
+        if cached {
+            self.cache.insert(self.cache_id, pos, item.payload.clone());
+        } else {
+            self.cache.evict_all(self.cache_id);
+        }
         self.confirmed.send_replace(pos);
         Ok(pos)
     }
@@ -1224,8 +1253,10 @@ impl ManagedLedger {
             .children(&ml.shared.path)
             .await
             .map_err(MlError::Metadata)?;
+        // Restored inactive: nobody reads through them until a subscription
+        // with consumers opens them.
         for cursor in names {
-            ml.open_cursor(&cursor, InitialPosition::Latest).await?;
+            cursor_io::open_durable(&ml.shared, &cursor, InitialPosition::Latest).await?;
         }
         info!(managed_ledger = name, "managed ledger opened");
         Ok(ml)
@@ -1452,10 +1483,12 @@ impl ManagedLedger {
         if !self.shared.core().cursors.contains_key(name) {
             cursor_io::open_durable(&self.shared, name, initial).await?;
         }
-        Ok(ManagedCursor {
+        let cursor = ManagedCursor {
             shared: self.shared.clone(),
             name: name.to_string(),
-        })
+        };
+        cursor.set_active(true)?;
+        Ok(cursor)
     }
 
     /// The durable subscription cursor with the largest backlog (the
@@ -1531,6 +1564,7 @@ impl ManagedLedger {
                 io: None,
                 snapshots_written: 0,
                 read_ahead: VecDeque::new(),
+                active: true,
             },
         );
         ManagedCursor {
@@ -1906,6 +1940,20 @@ impl ManagedCursor {
             .get_mut(&self.name)
             .ok_or_else(|| MlError::NoCursor(self.name.clone()))?;
         Ok(f(slot, &c.list))
+    }
+
+    /// Marks whether anyone reads through this cursor (a subscription with
+    /// consumers). Cursors are active when opened with
+    /// [`ManagedLedger::open_cursor`] or
+    /// [`ManagedLedger::open_non_durable_cursor`] and inactive when restored
+    /// with the managed ledger; an inactive cursor holds no entries in the
+    /// broker's entry cache.
+    pub fn set_active(&self, active: bool) -> Result<(), MlError> {
+        self.with(|s, _| s.active = active)?;
+        if !active {
+            self.shared.evict_read();
+        }
+        Ok(())
     }
 
     /// The mark-delete position.
