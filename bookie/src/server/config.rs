@@ -113,6 +113,11 @@ pub struct BookieConfig {
     /// Entries read ahead after a cache miss.
     #[arg(long, default_value_t = 100)]
     pub read_ahead_entries_max: usize,
+    /// I/O class of reads that go to entry logs: `idle` (journal and flush
+    /// writes go first at the disk scheduler; see docs/isolation.md) or
+    /// `normal`.
+    #[arg(long, value_enum, default_value_t = crate::storage::ReadIoClass::Idle)]
+    pub read_io_class: crate::storage::ReadIoClass,
     /// Checkpoint period (write cache flushed, journal trimmed), in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub checkpoint_interval_ms: u64,
@@ -410,6 +415,7 @@ impl BookieConfig {
             index_cache_bytes_max: self.index_cache_bytes_max,
             read_ahead_entries_max: self.read_ahead_entries_max,
             read_ahead_bytes_max: 4 * 1024 * 1024,
+            read_io_class: self.read_io_class,
             compaction_threshold: self.compaction_threshold,
             reserved_bytes: self.reserved_bytes,
         }

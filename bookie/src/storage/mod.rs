@@ -20,7 +20,9 @@
 //! - A tailing reader is served from the write cache; a miss that goes to an entry
 //!   log reads the ledger's following entries in the same I/O into the read cache
 //!   (bounded by `read_ahead_entries_max` / `read_ahead_bytes_max`), except
-//!   those another read is bringing in now ([`read_ahead`]).
+//!   those another read is bringing in now ([`read_ahead`]); that read runs in
+//!   the configured I/O class, idle by default ([`io_priority`]), so journal
+//!   and flush writes go first at the disk.
 //! - Data of a ledger is deleted only by [`LedgerStorage::delete_ledger`] (the
 //!   server decides, after checking metadata); its bytes go away with entry-log GC
 //!   and compaction ([`gc`]).
@@ -34,6 +36,7 @@
 pub(crate) mod entry_log;
 mod gc;
 pub(crate) mod index;
+mod io_priority;
 mod metrics;
 mod read_ahead;
 mod read_cache;
@@ -60,6 +63,7 @@ use read_ahead::ReadAheadClaims;
 use read_cache::ReadCache;
 use write_cache::{Half, WriteCache};
 
+pub use io_priority::ReadIoClass;
 pub use metrics::StorageMetrics;
 
 /// Configuration of a [`LedgerStorage`].
@@ -79,6 +83,8 @@ pub struct StorageConfig {
     pub read_ahead_entries_max: usize,
     /// Bytes read ahead after a miss.
     pub read_ahead_bytes_max: usize,
+    /// I/O class of entry-log reads ([`io_priority`]).
+    pub read_io_class: ReadIoClass,
     /// A log whose live fraction is below this is compacted.
     pub compaction_threshold: f64,
     /// Free space kept for compaction: the server stops taking writes (read-only)
@@ -98,6 +104,7 @@ impl StorageConfig {
             index_cache_bytes_max: index::INDEX_CACHE_BYTES_MAX,
             read_ahead_entries_max: 100,
             read_ahead_bytes_max: 4 << 20,
+            read_io_class: ReadIoClass::Idle,
             compaction_threshold: 0.5,
             reserved_bytes: 1 << 30,
         }
@@ -352,7 +359,10 @@ impl LedgerStorage {
                 Err(e) => return Err(io_err(&format!("open entry log {}", first.log_id), e)),
             };
             let mut buf = vec![0u8; (end - u64::from(first.offset)) as usize];
-            match file.read_exact_at(&mut buf, u64::from(first.offset)) {
+            let prio = io_priority::ReadPriority::enter(self.cfg.read_io_class);
+            let read = file.read_exact_at(&mut buf, u64::from(first.offset));
+            drop(prio);
+            match read {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                     return Err(corrupt(format!(

@@ -103,6 +103,7 @@ fn config(dir: &Path) -> StorageConfig {
         index_cache_bytes_max: 16 << 20,
         read_ahead_entries_max: 100,
         read_ahead_bytes_max: 1 << 20,
+        read_io_class: ReadIoClass::Idle,
         compaction_threshold: 0.5,
         reserved_bytes: 256 << 10,
     }
