@@ -20,7 +20,8 @@
 //! - A tailing reader is served from the write cache; a miss that goes to an entry
 //!   log reads the ledger's following entries in the same I/O into the read cache
 //!   (bounded by `read_ahead_entries_max` / `read_ahead_bytes_max`), except
-//!   those another read is bringing in now ([`read_ahead`]); that read runs in
+//!   those another read is bringing in now ([`read_ahead`]: a miss of such an
+//!   entry waits for that read, then takes it from the cache); that read runs in
 //!   the configured I/O class, idle by default ([`io_priority`]), so journal
 //!   and flush writes go first at the disk.
 //! - Data of a ledger is deleted only by [`LedgerStorage::delete_ledger`] (the
@@ -65,6 +66,10 @@ use write_cache::{Half, WriteCache};
 
 pub use io_priority::ReadIoClass;
 pub use metrics::StorageMetrics;
+
+/// How long a miss waits for a read-ahead that covers it (then it reads the
+/// disk itself).
+const CLAIM_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Configuration of a [`LedgerStorage`].
 #[derive(Debug, Clone)]
@@ -304,6 +309,16 @@ impl LedgerStorage {
             return Ok(Some(data));
         }
         if let Some(data) = self.read_cache.get(ledger_id, entry_id) {
+            self.metrics.read_cache_hits.inc();
+            return Ok(Some(data));
+        }
+        // Another read is bringing this entry in: wait for it rather than
+        // read the disk a second time.
+        if self
+            .read_ahead
+            .wait_released(ledger_id, entry_id, CLAIM_WAIT_MAX)
+            && let Some(data) = self.read_cache.get(ledger_id, entry_id)
+        {
             self.metrics.read_cache_hits.inc();
             return Ok(Some(data));
         }

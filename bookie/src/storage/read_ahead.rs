@@ -10,16 +10,25 @@
 //!
 //! Promises: a read-ahead range is claimed before its read and released
 //! (guard drop) after its entries are in the cache; a miss inside a claimed
-//! range reads only its own entry; a new read-ahead stops before the first
-//! entry another claim covers. A claim never delays a read: nothing waits.
+//! range first waits for that range's release ([`ReadAheadClaims::wait_released`],
+//! at most a bound) and is then served from the cache, and if the entry is
+//! still missing reads only its own entry; a new read-ahead stops before the
+//! first entry another claim covers.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Claimed read-ahead ranges `(first, last)` per ledger.
 #[derive(Debug, Default)]
 pub(crate) struct ReadAheadClaims {
     ranges: Mutex<HashMap<u64, Vec<(i64, i64)>>>,
+    /// Notified whenever a claim is released.
+    released: Condvar,
+}
+
+fn covered(claimed: &[(i64, i64)], e: i64) -> bool {
+    claimed.iter().any(|&(a, b)| a <= e && e <= b)
 }
 
 /// Removes its range when dropped.
@@ -34,17 +43,42 @@ pub(crate) struct Claim<'a> {
 /// read, given the ranges other reads have claimed: only the missed entry if
 /// a claim covers it, else up to the first entry a claim covers. Pure.
 pub(crate) fn keep(claimed: &[(i64, i64)], span: &[i64]) -> usize {
-    let covered = |e: i64| claimed.iter().any(|&(a, b)| a <= e && e <= b);
     match span.first() {
         None => 0,
-        Some(&e) if covered(e) => 1,
-        Some(_) => span.iter().position(|&e| covered(e)).unwrap_or(span.len()),
+        Some(&e) if covered(claimed, e) => 1,
+        Some(_) => span
+            .iter()
+            .position(|&e| covered(claimed, e))
+            .unwrap_or(span.len()),
     }
 }
 
 impl ReadAheadClaims {
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<(i64, i64)>>> {
         self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// If a claim covers `entry_id` of `ledger_id`, waits until no claim
+    /// covers it any more or `wait_max` passed; true if it waited (the entry
+    /// is then likely in the read cache). Blocks the calling thread: call it
+    /// where disk reads are made (the blocking pool).
+    pub(crate) fn wait_released(&self, ledger_id: u64, entry_id: i64, wait_max: Duration) -> bool {
+        let deadline = Instant::now() + wait_max;
+        let mut ranges = self.lock();
+        let mut waited = false;
+        while ranges.get(&ledger_id).is_some_and(|v| covered(v, entry_id)) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            waited = true;
+            ranges = self
+                .released
+                .wait_timeout(ranges, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        waited
     }
 
     /// Trims `span` (see [`keep`]) and claims what it reads ahead (all but
@@ -78,6 +112,8 @@ impl Drop for Claim<'_> {
                 ranges.remove(&self.ledger_id);
             }
         }
+        drop(ranges);
+        self.claims.released.notify_all();
     }
 }
 
@@ -118,5 +154,40 @@ mod tests {
         assert_eq!(again.len(), 10);
         drop((c2, c3));
         assert!(claims.ranges.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_miss_inside_a_claim_waits_for_its_release_and_no_longer() {
+        let claims = std::sync::Arc::new(ReadAheadClaims::default());
+        let mut span: Vec<(i64, ())> = (0..=9).map(|e| (e, ())).collect();
+        // Not claimed: no wait.
+        assert!(!claims.wait_released(7, 5, Duration::from_secs(5)));
+        let c = claims.claim(7, &mut span).expect("reads ahead");
+        // Entry 0 is the claimant's own (not in the claim); 10 is outside.
+        assert!(!claims.wait_released(7, 0, Duration::from_secs(5)));
+        assert!(!claims.wait_released(7, 10, Duration::from_secs(5)));
+        // Bounded: the claim outlives the wait.
+        let t = Instant::now();
+        assert!(claims.wait_released(7, 5, Duration::from_millis(50)));
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        // Released by another thread: the waiter wakes then, well before
+        // its bound.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let claims = claims.clone();
+            std::thread::spawn(move || {
+                tx.send(()).unwrap();
+                let t = Instant::now();
+                let waited = claims.wait_released(7, 5, Duration::from_secs(30));
+                (waited, t.elapsed())
+            })
+        };
+        rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(c);
+        // Blocked on the claim or not yet, it returns right after the
+        // release, never at its 30 s bound.
+        let (_, took) = waiter.join().unwrap();
+        assert!(took < Duration::from_secs(10), "{took:?}");
     }
 }
