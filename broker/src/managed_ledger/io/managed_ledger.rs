@@ -471,9 +471,17 @@ impl Shared {
     /// far-behind readers hold nothing back (Pulsar's active cursors).
     fn cache_floor(c: &Core, backlogged: u64) -> Option<Position> {
         let last = c.list.last_confirmed_position();
+        // Within the last ledger (the usual case) without walking the list.
+        let behind = |p: Position| {
+            if p.ledger_id == last.ledger_id {
+                (last.entry_id - p.entry_id).max(0).unsigned_abs()
+            } else {
+                c.list.count_entries(p, last)
+            }
+        };
         c.cursors
             .values()
-            .filter(|s| s.active && c.list.count_entries(s.read_after, last) <= backlogged)
+            .filter(|s| s.active && behind(s.read_after) <= backlogged)
             .map(|s| s.read_after)
             .min()
     }
