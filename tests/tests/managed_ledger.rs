@@ -192,6 +192,40 @@ async fn appends_across_rollovers_read_back_in_order_from_cache_and_bookies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catch_up_reads_of_large_entries_fetch_each_entry_once() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    // 64 KiB entries and 256 KiB of read-ahead: a read of one entry asks
+    // for 1 + 4, not for `read_ahead_entries` (100) of which it could keep
+    // only 4 and would read the rest again.
+    let metrics = cms_broker::managed_ledger::MlMetrics::new();
+    let cfg = ManagedLedgerConfig {
+        metrics: metrics.clone(),
+        read_ahead_bytes_max: 256 << 10,
+        ..config(1_000)
+    };
+    let ml = open(&zk, "t/ns/large-entries", cfg, EntryCache::new(0)).await;
+    for i in 0..20u8 {
+        ml.append(vec![i; 64 << 10]).await.unwrap();
+    }
+    let reader = ml.open_non_durable_cursor("r", InitialPosition::Earliest);
+    let mut got = 0;
+    while got < 20 {
+        let e = reader.read_next(1).await.unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].payload[0], u8::try_from(got).unwrap());
+        got += 1;
+    }
+    assert!(reader.read_next(1).await.unwrap().is_empty());
+    assert_eq!(
+        metrics.snapshot().cache_misses,
+        20,
+        "every entry fetched from the bookies exactly once"
+    );
+    ml.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_active_cursors_that_keep_up_hold_entries_in_the_cache() {
     let zk = zk().await;
     let _bookies = start_bookies(&zk.connect_string(), 3).await;

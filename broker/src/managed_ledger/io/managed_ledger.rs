@@ -237,6 +237,25 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How many entries a cursor read asks the bookies for: the `count_max`
+/// asked for plus read-ahead, at most `entries_max` in all and no more
+/// read-ahead than `bytes_max` holds at the ledger's `mean_entry_bytes` (what
+/// the cursor cannot keep would be read again later). Pure.
+fn read_ahead_count(
+    count_max: usize,
+    entries_max: usize,
+    bytes_max: usize,
+    mean_entry_bytes: Option<u64>,
+) -> usize {
+    let fit = mean_entry_bytes.map_or(usize::MAX, |m| {
+        usize::try_from(u64::try_from(bytes_max).unwrap_or(u64::MAX) / m.max(1))
+            .unwrap_or(usize::MAX)
+    });
+    entries_max
+        .min(count_max.saturating_add(fit))
+        .max(count_max)
+}
+
 /// A cursor as held by its managed ledger.
 pub(super) struct CursorSlot {
     pub(super) cursor: Cursor,
@@ -2011,10 +2030,12 @@ impl ManagedCursor {
     /// Reads up to `count_max` entries after the read position, skipping
     /// acknowledged ones, and moves the read position past them. Entries
     /// not in the cache are read with read-ahead: up to the config's
-    /// `read_ahead_entries` at once, the surplus kept (bounded) for the next
-    /// calls instead of entering the shared cache.
+    /// `read_ahead_entries` at once, fewer when the surplus would not fit
+    /// `read_ahead_bytes_max` at the ledger's mean entry size; the surplus
+    /// is kept (bounded) for the next calls instead of entering the shared
+    /// cache.
     pub async fn read_next(&self, count_max: usize) -> Result<Vec<Entry>, MlError> {
-        let (from, buffered) = self.with(|s, l| {
+        let (from, buffered, mean) = self.with(|s, l| {
             // Acks may have moved the mark-delete past what was read.
             s.read_after = s.read_after.max(s.cursor.mark_delete());
             let from = l.next_valid_position(s.read_after);
@@ -2027,16 +2048,26 @@ impl ManagedCursor {
                 s.read_ahead.clear();
             }
             let n = count_max.min(s.read_ahead.len());
-            (from, s.read_ahead.drain(..n).collect::<Vec<_>>())
+            // The mean entry size of the ledger read from, to size the read.
+            let mean = from
+                .and_then(|f| l.ledger(f.ledger_id))
+                .filter(|m| m.entries > 0)
+                .map(|m| m.size_bytes / m.entries);
+            (from, s.read_ahead.drain(..n).collect::<Vec<_>>(), mean)
         })?;
         let Some(from) = from else {
             return Ok(Vec::new());
         };
         let entries = if buffered.is_empty() {
-            let ahead = self.shared.config.read_ahead_entries.max(count_max);
+            let bytes_max = self.shared.config.read_ahead_bytes_max;
+            let ahead = read_ahead_count(
+                count_max,
+                self.shared.config.read_ahead_entries,
+                bytes_max,
+                mean,
+            );
             let mut entries = self.shared.read(from, ahead).await?;
             let rest = entries.split_off(count_max.min(entries.len()));
-            let bytes_max = self.shared.config.read_ahead_bytes_max;
             self.with(|s, _| {
                 let mut bytes = 0;
                 s.read_ahead = rest
@@ -2250,6 +2281,22 @@ mod tests {
         assert_eq!(rec.ledgers[0].entries, 1);
         // The in-memory list still has 5 current (its adds still complete).
         assert_eq!(core.list.current_ledger_id(), Some(5));
+    }
+
+    #[test]
+    fn reads_ahead_no_more_than_the_cursor_can_keep() {
+        // Small entries: the entry bound decides.
+        assert_eq!(read_ahead_count(1, 100, 4 << 20, Some(100)), 100);
+        // 128 KiB batches and 4 MiB kept: 8 asked + 32 ahead, not 100
+        // (of which 60 were dropped and read again).
+        assert_eq!(read_ahead_count(8, 100, 4 << 20, Some(128 << 10)), 40);
+        // More asked than the bounds: what was asked.
+        assert_eq!(read_ahead_count(200, 100, 4 << 20, Some(128 << 10)), 200);
+        assert_eq!(read_ahead_count(3, 100, 1 << 10, Some(1 << 20)), 3);
+        // Unknown size (nothing recorded yet) and zero sizes.
+        assert_eq!(read_ahead_count(1, 100, 4 << 20, None), 100);
+        assert_eq!(read_ahead_count(1, 100, 4 << 20, Some(0)), 100);
+        assert_eq!(read_ahead_count(0, 0, 0, Some(1)), 0);
     }
 
     #[test]
