@@ -22,7 +22,9 @@
 //!   permits returned) until the sink has room again; a closed sink
 //!   detaches the consumer; nothing blocks on one slow connection;
 //! - opening a subscription object rewinds its cursor: every unacknowledged
-//!   entry is delivered again (at-least-once after a reconnect).
+//!   entry is delivered again (at-least-once after a reconnect);
+//! - the cursor is active (keeps what is appended in the broker's entry
+//!   cache) exactly while consumers are attached, as Pulsar's are.
 //!
 //! - delayed delivery (Shared, Key_Shared): the read task gives the
 //!   dispatcher the wall clock and wakes when the earliest held entry is
