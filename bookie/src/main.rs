@@ -17,7 +17,8 @@ use cms_bookie::server::BookieConfig;
 use cms_bookie::server::cookie::{BookieDirs, format};
 use cms_common::config::{ConfigError, exit_config_error, to_toml};
 use cms_common::{
-    ConfigFileArgs, LogArgs, init_logging, load_config_or_exit, run_main, shutdown_signal,
+    ConfigFileArgs, LogArgs, init_logging, load_config_or_exit, run_main, run_main_with,
+    shutdown_signal,
 };
 use serde::{Deserialize, Serialize};
 
@@ -178,7 +179,11 @@ fn main() -> ExitCode {
         }
         Command::Serve { file, .. } => {
             let sub = sub.unwrap_or(&matches);
-            run_main(run_serve(sub, &file))
+            // Read first: the config says how many runtime threads to start.
+            let Some(config) = load_bookie_config(sub, &file) else {
+                return ExitCode::SUCCESS;
+            };
+            run_main_with(config.worker_threads, run_serve(config))
         }
         Command::Format { file, yes, .. } => {
             let sub = sub.unwrap_or(&matches);
@@ -281,10 +286,7 @@ fn load_bookie_config(matches: &ArgMatches, file: &ConfigFileArgs) -> Option<Boo
     Some(config)
 }
 
-async fn run_serve(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow::Result<()> {
-    let Some(config) = load_bookie_config(matches, file) else {
-        return Ok(());
-    };
+async fn run_serve(config: BookieConfig) -> anyhow::Result<()> {
     cms_bookie::server::run(config, shutdown_signal())
         .await
         .context("bookie")

@@ -30,6 +30,11 @@ pub const MESSAGE_BYTES_MAX_LIMIT: usize = 7 * 1024 * 1024 - FRAME_PADDING_BYTES
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
+    /// Threads of the async runtime (connections, dispatch, the admin API);
+    /// 0 = one per CPU the process may use. Where the broker shares few
+    /// cores with other servers, fewer threads switch less.
+    #[arg(long, default_value_t = 0)]
+    pub worker_threads: usize,
     /// Metadata store URL (`serve` only): `zk://host:port[,host:port...][/chroot]`.
     #[arg(long, default_value = "zk://127.0.0.1:2181")]
     pub metadata_url: String,
@@ -130,6 +135,11 @@ pub struct BrokerConfig {
     /// Partitions of an auto-created partitioned topic.
     #[arg(long, default_value_t = 1)]
     pub default_num_partitions: u32,
+    /// Most bytes one cursor read asks the bookies for, read-ahead included
+    /// (Pulsar's `dispatcherMaxReadSizeBytes`); smaller reads spread a
+    /// catch-up reader's load into smaller bursts (docs/isolation.md).
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub dispatch_read_bytes_max: usize,
     /// Broker-wide entry cache (tailing reads), in bytes.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
     pub entry_cache_bytes_max: usize,
@@ -333,6 +343,15 @@ impl BrokerConfig {
     pub fn validate(&self, mode: Mode) -> Result<(), InvalidConfig> {
         self.broker_addr_opt()?;
         self.http_addr_opt()?;
+        if self.worker_threads > 1024 {
+            return Err(invalid(
+                "worker_threads",
+                "must be at most 1024 (0 = one per CPU)",
+            ));
+        }
+        if self.dispatch_read_bytes_max < 1024 {
+            return Err(invalid("dispatch_read_bytes_max", "must be at least 1024"));
+        }
         if mode == Mode::Cluster {
             self.metadata_url()?;
         }
@@ -641,6 +660,11 @@ mod tests {
             (
                 "keep_alive_interval_s",
                 Box::new(|c| c.keep_alive_interval_s = 0),
+            ),
+            ("worker_threads", Box::new(|c| c.worker_threads = 1025)),
+            (
+                "dispatch_read_bytes_max",
+                Box::new(|c| c.dispatch_read_bytes_max = 1023),
             ),
         ];
         for (key, f) in table {

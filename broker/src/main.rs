@@ -14,7 +14,8 @@ use cms_bookie::metadata::zk::ZkOptions;
 use cms_broker::config::{BrokerConfig, Mode};
 use cms_common::config::{ConfigError, exit_config_error, to_toml};
 use cms_common::{
-    ConfigFileArgs, LogArgs, init_logging, load_config_or_exit, run_main, shutdown_signal,
+    ConfigFileArgs, LogArgs, init_logging, load_config_or_exit, run_main, run_main_with,
+    shutdown_signal,
 };
 use serde::{Deserialize, Serialize};
 
@@ -236,8 +237,8 @@ fn main() -> ExitCode {
     let sub = matches.subcommand().map(|(_, m)| m).unwrap_or(&matches);
     match cli.command {
         Command::InitCluster { file, .. } => run_main(run_init_cluster(sub, &file)),
-        Command::Serve { file, .. } => run_main(run_broker(sub, &file, Mode::Cluster)),
-        Command::Standalone { file, .. } => run_main(run_broker(sub, &file, Mode::Standalone)),
+        Command::Serve { file, .. } => serve(sub, &file, Mode::Cluster),
+        Command::Standalone { file, .. } => serve(sub, &file, Mode::Standalone),
         Command::Tokens { .. } => ExitCode::SUCCESS,
     }
 }
@@ -301,7 +302,9 @@ async fn run_init_cluster(matches: &ArgMatches, file: &ConfigFileArgs) -> anyhow
     Ok(())
 }
 
-async fn run_broker(matches: &ArgMatches, file: &ConfigFileArgs, mode: Mode) -> anyhow::Result<()> {
+/// `serve` and `standalone`: the config is read before the runtime starts,
+/// since it says how many threads the runtime has.
+fn serve(matches: &ArgMatches, file: &ConfigFileArgs, mode: Mode) -> ExitCode {
     let config: BrokerConfig = load_config_or_exit(matches, file.config.as_deref(), ENV_PREFIX);
     if let Err(e) = config.validate(mode) {
         exit_config_error(&ConfigError::Invalid {
@@ -311,8 +314,12 @@ async fn run_broker(matches: &ArgMatches, file: &ConfigFileArgs, mode: Mode) -> 
     }
     if file.print_config {
         print!("{}", to_toml(&config));
-        return Ok(());
+        return ExitCode::SUCCESS;
     }
+    run_main_with(config.worker_threads, run_broker(config, mode))
+}
+
+async fn run_broker(config: BrokerConfig, mode: Mode) -> anyhow::Result<()> {
     let on_bound = |_| {};
     match mode {
         Mode::Standalone => cms_broker::standalone::run(config, shutdown_signal(), on_bound)

@@ -343,6 +343,7 @@ pub async fn run(
         ensemble_size: replication.ensemble,
         write_quorum: replication.write_quorum,
         ack_quorum: replication.ack_quorum,
+        read_ahead_bytes_max: config.dispatch_read_bytes_max,
         dispatch_reads: crate::managed_ledger::io::DispatchReads::new(
             config.dispatch_read_config(),
             cms_bookie::fair::FairMetrics::new(&registry, "cms_broker_dispatch_read")

@@ -315,6 +315,10 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             "max_ms",
             "mean_ms",
         ];
+        if extra.contains(&"--rate") {
+            // Open loop: how late the pacer released the sends.
+            keys.extend(["pace_late_p50_ms", "pace_late_p99_ms", "pace_late_max_ms"]);
+        }
         if mode == "end-to-end" {
             keys.extend([
                 "e2e_p50_ms",

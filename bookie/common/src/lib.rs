@@ -19,4 +19,4 @@ pub mod process;
 
 pub use config::{ConfigError, ConfigFileArgs, load_config, load_config_or_exit};
 pub use logging::{LogArgs, LogFormat, init_logging};
-pub use process::{run_main, shutdown_signal};
+pub use process::{run_main, run_main_with, shutdown_signal};

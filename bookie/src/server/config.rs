@@ -118,6 +118,11 @@ pub struct BookieConfig {
     /// `normal`.
     #[arg(long, value_enum, default_value_t = crate::storage::ReadIoClass::Idle)]
     pub read_io_class: crate::storage::ReadIoClass,
+    /// Threads of the async runtime (gRPC, HTTP, the add and read paths);
+    /// 0 = one per CPU the process may use. Where the bookie shares few
+    /// cores with other servers, fewer threads switch less.
+    #[arg(long, default_value_t = 0)]
+    pub worker_threads: usize,
     /// Checkpoint period (write cache flushed, journal trimmed), in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub checkpoint_interval_ms: u64,
@@ -288,6 +293,12 @@ impl BookieConfig {
             return Err(invalid(
                 "disk_usage_lwm",
                 "must not be above disk_usage_threshold",
+            ));
+        }
+        if self.worker_threads > 1024 {
+            return Err(invalid(
+                "worker_threads",
+                "must be at most 1024 (0 = one per CPU)",
             ));
         }
         if self.journal_file_bytes < 64 * 1024 {
@@ -485,6 +496,18 @@ mod tests {
                 .unwrap_err();
             assert_eq!(err.key, "read_key_weights");
         }
+    }
+
+    #[test]
+    fn worker_threads_are_bounded() {
+        parse(&["--worker-threads=1"]).validate().unwrap();
+        assert_eq!(
+            parse(&["--worker-threads=1025"])
+                .validate()
+                .unwrap_err()
+                .key,
+            "worker_threads"
+        );
     }
 
     #[test]

@@ -3,8 +3,13 @@
 //!
 //! Latency is measured from the **intended** send time: with `--rate R > 0`
 //! message `i` is due at `start + i/R` and its latency counts from then, even
-//! if the producer was blocked (no coordinated omission). `--max-pending 1`
-//! waits for each receipt before the next send (W1). Every sample goes into
+//! if the producer was blocked (no coordinated omission). Sends are released
+//! at their due times by a pacer thread that sleeps with the OS's
+//! high-resolution timer: tokio's timer has millisecond granularity, and at
+//! 2,000 msg/s waking up to 1 ms after the due time would be counted as
+//! publish latency. How late the pacer released each send is reported as the
+//! `pace_late_*` keys, so a figure can be checked for the tool's own delay.
+//! `--max-pending 1` waits for each receipt before the next send (W1). Every sample goes into
 //! an HDR histogram (microseconds). `--json` prints one JSON object with
 //! `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`, `p99_ms`, `p999_ms`, `max_ms`, `mean_ms`
 //! (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
@@ -182,6 +187,14 @@ fn latency_keys(prefix: &str, h: &Histogram<u64>, out: &mut Map<String, Value>) 
     out.insert(format!("{prefix}mean_ms"), json!(h.mean() / 1000.0));
 }
 
+/// The publish latency keys, and the pacer's lateness in open loop.
+fn publish_keys(run: &Produced, out: &mut Map<String, Value>) {
+    latency_keys("", &run.latency, out);
+    if !run.late.is_empty() {
+        latency_keys("pace_late_", &run.late, out);
+    }
+}
+
 fn progress(n: u64, what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -221,13 +234,8 @@ fn sub_type(s: Sub) -> SubType {
     }
 }
 
-/// Publishes with every producer; returns (merged publish histogram,
-/// errors, elapsed until the last receipt).
-async fn produce(
-    client: &Client,
-    a: &Common,
-    stamp: bool,
-) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
+/// Publishes with every producer; returns their merged measurements.
+async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Produced> {
     let topics = a.topic_names();
     // Every producer exists before the first timed send: creating 10,000
     // at once (W4) would only measure lookups queueing behind each other
@@ -247,25 +255,120 @@ async fn produce(
         producers.push(c.await??);
     }
     let pb = progress(a.messages, "produce");
+    let rate = a.rate / f64::from(a.producers);
+    let plans: Vec<(u64, f64)> = (0..a.producers)
+        .map(|p| (share(a.messages, a.producers, p), rate))
+        .collect();
+    let start = Instant::now();
+    let releases = if rate > 0.0 {
+        spawn_pacer(start, plans.clone())?
+            .into_iter()
+            .map(Some)
+            .collect()
+    } else {
+        vec![None; plans.len()]
+    };
     let mut tasks = Vec::new();
-    for (p, producer) in (0..a.producers).zip(producers) {
-        let n = share(a.messages, a.producers, p);
-        let rate = a.rate / f64::from(a.producers);
+    for ((producer, (n, rate)), release) in producers.into_iter().zip(plans).zip(releases) {
         let (a, pb) = (a.clone(), pb.clone());
+        let pace = release.map(|r| Pace {
+            start,
+            rate,
+            release: r,
+        });
         tasks.push(tokio::spawn(async move {
-            produce_one(producer, &a, n, rate, stamp, pb).await
+            produce_one(producer, &a, n, pace, stamp, pb).await
         }));
     }
-    let mut h = histogram();
-    let (mut errors, mut elapsed) = (0u64, Duration::ZERO);
+    let mut run = Produced {
+        latency: histogram(),
+        late: histogram(),
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
     for t in tasks {
-        let (h1, e1, el1) = t.await??;
-        h.add(&h1).context("merging histograms")?;
-        errors += e1;
-        elapsed = elapsed.max(el1);
+        let one = t.await??;
+        run.latency
+            .add(&one.latency)
+            .context("merging histograms")?;
+        run.late.add(&one.late).context("merging histograms")?;
+        run.errors += one.errors;
+        run.elapsed = run.elapsed.max(one.elapsed);
     }
     pb.finish_and_clear();
-    Ok((h, errors, elapsed))
+    Ok(run)
+}
+
+/// What a run of producers measured.
+struct Produced {
+    /// Publish latency (µs) from the intended send time.
+    latency: Histogram<u64>,
+    /// Open loop only: how long after its due time the pacer released each
+    /// send (µs); empty in closed loop.
+    late: Histogram<u64>,
+    errors: u64,
+    /// From the start until the last receipt.
+    elapsed: Duration,
+}
+
+/// Open-loop pacing of one producer: message `i` is due at
+/// `start + i / rate`, and the pacer adds one permit to `release` then.
+struct Pace {
+    start: Instant,
+    rate: f64,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+/// Starts the pacer thread for producers with the given (messages, rate)
+/// plans, all starting at `start`. It keeps one heap slot per producer, so
+/// it needs no queue of pending releases: a producer that falls behind
+/// finds its permits waiting (and their lateness counts, as it should).
+/// It stops after the last release, or skips a producer whose semaphore
+/// nobody else holds any more (its task ended early).
+fn spawn_pacer(
+    start: Instant,
+    plans: Vec<(u64, f64)>,
+) -> anyhow::Result<Vec<Arc<tokio::sync::Semaphore>>> {
+    use std::cmp::Reverse;
+    let releases: Vec<_> = plans
+        .iter()
+        .map(|_| Arc::new(tokio::sync::Semaphore::new(0)))
+        .collect();
+    let due = move |i: u64, rate: f64| start + Duration::from_secs_f64(i as f64 / rate);
+    let mut heap: std::collections::BinaryHeap<Reverse<(Instant, usize, u64)>> = plans
+        .iter()
+        .enumerate()
+        .filter(|(_, (n, rate))| *n > 0 && *rate > 0.0)
+        .map(|(p, _)| Reverse((start, p, 0)))
+        .collect();
+    let mine = releases.clone();
+    std::thread::Builder::new()
+        .name("cms-perf-pacer".into())
+        .spawn(move || {
+            // The default 50 µs timer slack would be added to every wait.
+            #[cfg(target_os = "linux")]
+            if let Err(e) = nix::sys::prctl::set_timerslack(1) {
+                eprintln!("cms-perf: the pacer keeps the default timer slack: {e}");
+            }
+            while let Some(Reverse((at, p, i))) = heap.pop() {
+                if Arc::strong_count(&mine[p]) == 1 {
+                    continue;
+                }
+                let now = Instant::now();
+                if at > now {
+                    // nanosleep on an hrtimer: tens of µs late, not a whole
+                    // millisecond tick.
+                    std::thread::sleep(at - now);
+                }
+                mine[p].add_permits(1);
+                let (n, rate) = plans[p];
+                if i + 1 < n {
+                    heap.push(Reverse((due(i + 1, rate), p, i + 1)));
+                }
+            }
+        })
+        .context("starting the pacer thread")?;
+    Ok(releases)
 }
 
 /// A producer on `topic` with the run's settings.
@@ -286,15 +389,16 @@ async fn create_producer(
         .with_context(|| format!("creating the producer of {topic}"))
 }
 
-/// One producer: `n` messages at `rate` (0 = max).
+/// One producer: `n` messages, released by `pace` (open loop) or as fast
+/// as the `max_pending` window allows.
 async fn produce_one(
     producer: cms_client::Producer,
     a: &Common,
     n: u64,
-    rate: f64,
+    pace: Option<Pace>,
     stamp: bool,
     pb: ProgressBar,
-) -> anyhow::Result<(Histogram<u64>, u64, Duration)> {
+) -> anyhow::Result<Produced> {
     type InFlight = (
         Instant,
         cms_client::SendFuture,
@@ -305,7 +409,9 @@ async fn produce_one(
     // `max_pending` lets it go, not when the loop reached it (with
     // `--max-pending 1` the loop reaches message i+1 as soon as message i is
     // sent, so timing from there counted message i's round trip twice).
-    let window = (rate <= 0.0).then(|| Arc::new(tokio::sync::Semaphore::new(a.max_pending.max(1))));
+    let window = pace
+        .is_none()
+        .then(|| Arc::new(tokio::sync::Semaphore::new(a.max_pending.max(1))));
     let pb2 = pb.clone();
     let collector = tokio::spawn(async move {
         let mut h = histogram();
@@ -323,18 +429,21 @@ async fn produce_one(
         (h, errors)
     });
     let base = vec![b'x'; a.size];
-    let start = Instant::now();
+    let start = pace.as_ref().map_or_else(Instant::now, |p| p.start);
+    let mut late = histogram();
     for i in 0..n {
         let slot = match &window {
             Some(w) => Some(w.clone().acquire_owned().await.context("send window")?),
             None => None,
         };
-        let intended = if rate > 0.0 {
-            let due = start + Duration::from_secs_f64(i as f64 / rate);
-            tokio::time::sleep_until(due.into()).await;
-            due
-        } else {
-            Instant::now()
+        let intended = match &pace {
+            Some(p) => {
+                p.release.acquire().await.context("pacer")?.forget();
+                let due = p.start + Duration::from_secs_f64(i as f64 / p.rate);
+                let _ = late.record((due.elapsed().as_micros() as u64).max(1));
+                due
+            }
+            None => Instant::now(),
         };
         let mut payload = base.clone();
         if stamp && payload.len() >= 8 {
@@ -350,10 +459,15 @@ async fn produce_one(
     }
     drop(tx);
     producer.flush().await?;
-    let (h, errors) = collector.await?;
+    let (latency, errors) = collector.await?;
     let elapsed = start.elapsed();
     producer.close().await?;
-    Ok((h, errors, elapsed))
+    Ok(Produced {
+        latency,
+        late,
+        errors,
+        elapsed,
+    })
 }
 
 /// Subscribes every consumer (topics spread round robin).
@@ -502,11 +616,11 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     out.insert("topics".into(), json!(a.topics));
     match cli.mode {
         Mode::Produce(_) => {
-            let (h, errors, elapsed) = produce(&client, a, false).await?;
-            let ok = a.messages - errors;
-            rates(&mut out, ok, ok * a.size as u64, elapsed);
-            out.insert("errors".into(), json!(errors));
-            latency_keys("", &h, &mut out);
+            let run = produce(&client, a, false).await?;
+            let ok = a.messages - run.errors;
+            rates(&mut out, ok, ok * a.size as u64, run.elapsed);
+            out.insert("errors".into(), json!(run.errors));
+            publish_keys(&run, &mut out);
         }
         Mode::Consume(_) => {
             let consumers = subscribe_all(&client, a).await?;
@@ -523,14 +637,17 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
             let consumers = subscribe_all(&client, a).await?;
             let n = a.messages;
             let receiver = tokio::spawn(consume(consumers, n, true));
-            let (h, errors, elapsed) = produce(&client, a, true).await?;
-            if errors > 0 {
-                bail!("{errors} sends failed; the consumer would wait for them forever");
+            let run = produce(&client, a, true).await?;
+            if run.errors > 0 {
+                bail!(
+                    "{} sends failed; the consumer would wait for them forever",
+                    run.errors
+                );
             }
             let (e2e, _, _) = receiver.await??;
-            rates(&mut out, n, n * a.size as u64, elapsed);
-            out.insert("errors".into(), json!(errors));
-            latency_keys("", &h, &mut out);
+            rates(&mut out, n, n * a.size as u64, run.elapsed);
+            out.insert("errors".into(), json!(run.errors));
+            publish_keys(&run, &mut out);
             latency_keys("e2e_", &e2e, &mut out);
         }
     }
@@ -553,4 +670,44 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every producer gets exactly its messages' permits, none before its
+    /// due time, and a producer whose task ended does not stop the others.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pacer_releases_each_send_once_and_never_early() {
+        let start = Instant::now();
+        let plans = vec![(40, 2_000.0), (25, 1_000.0), (10, 500.0)];
+        let releases = spawn_pacer(start, plans.clone()).unwrap();
+        let mut releases = releases.into_iter();
+        let first = releases.next().unwrap();
+        let second = releases.next().unwrap();
+        drop(releases); // the third producer is gone before it starts
+        let mut tasks = Vec::new();
+        for ((n, rate), release) in plans.into_iter().zip([first, second]) {
+            tasks.push(tokio::spawn(async move {
+                for i in 0..n {
+                    release.acquire().await.unwrap().forget();
+                    let due = start + Duration::from_secs_f64(i as f64 / rate);
+                    assert!(Instant::now() >= due, "message {i} released early");
+                }
+                // Nothing beyond the plan arrives (the pacer has stopped
+                // adding permits for this producer).
+                assert_eq!(release.available_permits(), 0);
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+
+    #[test]
+    fn shares_differ_by_at_most_one_and_sum_to_the_total() {
+        let parts: Vec<u64> = (0..3).map(|i| share(10, 3, i)).collect();
+        assert_eq!(parts, vec![4, 3, 3]);
+    }
 }
