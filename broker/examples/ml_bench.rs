@@ -28,7 +28,7 @@ use cms_bookie::metadata::MetadataStore;
 use cms_bookie::metadata::connect::{MetadataUrl, connect};
 use cms_bookie::metadata::layout::Layout;
 use cms_bookie::metadata::zk::ZkOptions;
-use cms_broker::managed_ledger::io::{EntryCache, ManagedLedger, ManagedLedgerConfig};
+use cms_broker::managed_ledger::io::{EntryCache, ManagedLedger, ManagedLedgerConfig, Persist};
 use cms_broker::managed_ledger::{CursorConfig, InitialPosition, MlMetrics};
 use hdrhistogram::Histogram;
 
@@ -324,7 +324,7 @@ async fn cursor_phase(
         if let Some(wait) = due.checked_sub(t.elapsed()) {
             tokio::time::sleep(wait).await;
         }
-        sub.ack(*p).await?;
+        sub.ack(*p, Persist::Wait).await?;
         if i % 1_000 == 0 {
             ml.tick().await?;
         }

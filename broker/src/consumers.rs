@@ -9,8 +9,11 @@
 //!   delivered before FLOW (the subscription's promise);
 //! - a MESSAGE is the stored entry verbatim after the command (zero
 //!   re-encoding; batches and compression pass through);
-//! - an ACK with a `request_id` gets an ACK_RESPONSE; a partial batch ack
-//!   (an `ack_set`) never acknowledges the entry;
+//! - an ACK with a `request_id` gets an ACK_RESPONSE, after the cursor
+//!   snapshot the ack made due (if any) is durable; an ACK without one
+//!   leaves a due snapshot to a background task, so the connection does not
+//!   stop reading (its producers' SENDs among them) for a bookie round
+//!   trip; a partial batch ack (an `ack_set`) never acknowledges the entry;
 //! - CLOSE_CONSUMER is idempotent (SUCCESS for unknown ids, G8); when the
 //!   topic is unloaded the consumer gets CLOSE_CONSUMER (G13);
 //! - after a successful SEEK the consumer gets CLOSE_CONSUMER and
@@ -37,7 +40,7 @@ use crate::dispatch::{
     ConsumerId, DispatchError, DispatchLimits, KeySharedError, KeySharedMode, KeySharedSpec,
     SubType,
 };
-use crate::managed_ledger::io::SeekTarget;
+use crate::managed_ledger::io::{Persist, SeekTarget};
 use crate::managed_ledger::{InitialPosition, Position};
 use crate::subscription::{
     ConsumerSpec, Delivery, MessageCounter, StartPosition, SubError, Subscription,
@@ -223,6 +226,15 @@ pub(crate) async fn on_command(
                     format!("consumer {} not found", c.consumer_id),
                 )),
                 Some(e) => {
+                    // Only an ack whose receipt the client waits for waits
+                    // for a due cursor snapshot; otherwise the snapshot is
+                    // written in the background and this connection goes
+                    // on reading (its producers' SENDs among them).
+                    let persist = if c.request_id.is_some() {
+                        Persist::Wait
+                    } else {
+                        Persist::Background
+                    };
                     // A partial batch (ack_set) never acknowledges the entry
                     // cumulatively; individually it is a batch-index ack.
                     let positions: Vec<Position> = c
@@ -236,7 +248,7 @@ pub(crate) async fn on_command(
                         for m in c.message_id.iter().filter(|m| !m.ack_set.is_empty()) {
                             if let Err(err) = e
                                 .sub
-                                .ack_batch_index(e.id, position_of(m), &m.ack_set)
+                                .ack_batch_index(e.id, position_of(m), &m.ack_set, persist)
                                 .await
                             {
                                 batch_err.get_or_insert(err);
@@ -245,11 +257,11 @@ pub(crate) async fn on_command(
                     }
                     let r = if c.ack_type == AckType::Cumulative as i32 {
                         match positions.last() {
-                            Some(p) => e.sub.ack_cumulative(e.id, *p).await,
+                            Some(p) => e.sub.ack_cumulative(e.id, *p, persist).await,
                             None => Ok(()),
                         }
                     } else {
-                        e.sub.ack_individual(e.id, &positions).await
+                        e.sub.ack_individual(e.id, &positions, persist).await
                     };
                     let r = match batch_err {
                         Some(err) if r.is_ok() => Err(err),

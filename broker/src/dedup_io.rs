@@ -29,7 +29,7 @@ use tracing::{debug, info};
 
 use crate::dedup::{DEDUP_CURSOR, Decision, DedupConfig, DedupState, effective_id};
 use crate::managed_ledger::InitialPosition;
-use crate::managed_ledger::io::{ManagedCursor, ManagedLedger, MlError};
+use crate::managed_ledger::io::{ManagedCursor, ManagedLedger, MlError, Persist};
 
 /// How long a possible duplicate waits for its original's outcome (ms).
 pub const ORIGINAL_WAIT_MS: u64 = 30_000;
@@ -199,7 +199,7 @@ impl TopicDedup {
         let pos = self.cursor.read_position()?;
         if pos > self.cursor.mark_delete()? {
             self.cursor.set_properties(s.state.snapshot())?;
-            self.cursor.ack_cumulative(pos).await?;
+            self.cursor.ack_cumulative(pos, Persist::Wait).await?;
             self.cursor.persist().await?;
             debug!(cursor = DEDUP_CURSOR, position = %pos, entries = read, "de-duplication snapshot written");
         }

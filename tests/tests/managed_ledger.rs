@@ -14,7 +14,7 @@
 
 use cms_bookie::client::driver::LedgerError;
 use cms_broker::managed_ledger::io::{
-    EntryCache, ManagedLedger, ManagedLedgerConfig, MlError, SeekTarget,
+    EntryCache, ManagedLedger, ManagedLedgerConfig, MlError, Persist, SeekTarget,
 };
 use cms_broker::managed_ledger::{CursorConfig, InitialPosition, Position, RolloverPolicy};
 use cms_broker::managed_ledger::{CursorLedgerRollover, proto};
@@ -310,8 +310,12 @@ async fn trim_deletes_only_ledgers_behind_the_slowest_durable_cursor() {
         .await
         .unwrap();
     let positions = append_n(&ml, 0, 60).await;
-    fast.ack_cumulative(positions[59]).await.unwrap();
-    slow.ack_cumulative(positions[25]).await.unwrap();
+    fast.ack_cumulative(positions[59], Persist::Wait)
+        .await
+        .unwrap();
+    slow.ack_cumulative(positions[25], Persist::Wait)
+        .await
+        .unwrap();
     assert_eq!(slow.backlog_entries().unwrap(), 34);
     assert_eq!(fast.backlog_entries().unwrap(), 0);
 
@@ -343,7 +347,9 @@ async fn trim_deletes_only_ledgers_behind_the_slowest_durable_cursor() {
     assert_eq!(rest.len(), 40);
 
     // The slow cursor catches up: everything but the last ledger(s) goes.
-    slow.ack_cumulative(positions[59]).await.unwrap();
+    slow.ack_cumulative(positions[59], Persist::Wait)
+        .await
+        .unwrap();
     let deleted = ml.trim().await.unwrap();
     let expected: Vec<u64> = [20, 30, 40]
         .iter()
@@ -378,14 +384,14 @@ async fn persisted_acks_survive_a_crash_and_no_unacked_entry_is_skipped() {
         .await
         .unwrap();
     let p = append_n(&ml, 0, 50).await;
-    sub.ack_cumulative(p[9]).await.unwrap();
+    sub.ack_cumulative(p[9], Persist::Wait).await.unwrap();
     for i in [12, 15, 20, 21, 22, 23, 24, 40] {
-        sub.ack(p[i]).await.unwrap();
+        sub.ack(p[i], Persist::Wait).await.unwrap();
     }
     sub.persist().await.unwrap();
     // Acked after the last persist: the unpersisted window.
     for i in [30, 31] {
-        sub.ack(p[i]).await.unwrap();
+        sub.ack(p[i], Persist::Wait).await.unwrap();
     }
     assert!(sub.is_acked(p[30]).unwrap());
     // Crash: drop every handle without close.
@@ -422,7 +428,7 @@ async fn persisted_acks_survive_a_crash_and_no_unacked_entry_is_skipped() {
     assert_eq!(sub.backlog_entries().unwrap(), expected.len() as u64);
 
     // A clean close persists the rest; a reopen restores it exactly.
-    sub.ack(p[30]).await.unwrap();
+    sub.ack(p[30], Persist::Wait).await.unwrap();
     ml.close().await.unwrap();
     drop(sub);
     let ml = open(&zk, "t/ns/durable", config(20), EntryCache::new(1 << 20)).await;
@@ -502,7 +508,7 @@ async fn the_cursor_ledger_rolls_over_and_the_cursor_restores_from_the_newest_on
     let p = append_n(&ml, 0, 10).await;
     for pos in &p[..7] {
         // Every ack is persisted (interval 0); every 2nd snapshot rolls.
-        sub.ack(*pos).await.unwrap();
+        sub.ack(*pos, Persist::Wait).await.unwrap();
     }
     let info = cursor_ledger(store.get(node).await.unwrap().0);
     assert_ne!(info.cursor_ledger_id, first, "cursor ledger rolled");
@@ -660,7 +666,7 @@ async fn ttl_expires_only_entries_published_before_the_cutoff() {
         let ts = if i < 10 { now - 60_000 } else { now };
         p.push(ml.append(format!("ts={ts} {i}")).await.unwrap());
     }
-    sub.ack(p[15]).await.unwrap();
+    sub.ack(p[15], Persist::Wait).await.unwrap();
     let trimmed = ml.tick().await.unwrap();
     assert_eq!(
         sub.mark_delete().unwrap(),
@@ -785,11 +791,11 @@ async fn retention_size_and_time_hold_consumed_ledgers_behind_the_slowest_cursor
         p.push(ml.append(vec![i; 100 * 1024]).await.unwrap());
     }
     let ledger = |i: usize| p[i].ledger_id;
-    fast.ack_cumulative(p[29]).await.unwrap();
-    slow.ack_cumulative(p[7]).await.unwrap();
+    fast.ack_cumulative(p[29], Persist::Wait).await.unwrap();
+    slow.ack_cumulative(p[7], Persist::Wait).await.unwrap();
     // Size would allow three; the slow cursor only the first.
     assert_eq!(ml.trim().await.unwrap(), vec![ledger(0)]);
-    slow.ack_cumulative(p[29]).await.unwrap();
+    slow.ack_cumulative(p[29], Persist::Wait).await.unwrap();
     // Everything is consumed; size keeps >= 1 MiB: 3 x 500 KiB stay.
     assert_eq!(ml.trim().await.unwrap(), vec![ledger(5), ledger(10)]);
     assert_eq!(ml.trim().await.unwrap(), Vec::<u64>::new());
@@ -817,7 +823,7 @@ async fn retention_size_and_time_hold_consumed_ledgers_behind_the_slowest_cursor
         .await
         .unwrap();
     let p = append_n(&ml, 0, 20).await;
-    sub.ack_cumulative(p[19]).await.unwrap();
+    sub.ack_cumulative(p[19], Persist::Wait).await.unwrap();
     assert_eq!(sub.backlog_entries().unwrap(), 0);
     assert_eq!(ml.tick().await.unwrap(), Vec::<u64>::new());
     assert_eq!(ml.ledgers().ledgers().len(), 4);
@@ -844,7 +850,7 @@ async fn deleting_a_topic_removes_its_ledgers_cursor_ledgers_and_metadata() {
     ml.open_cursor("a", InitialPosition::Earliest)
         .await
         .unwrap()
-        .ack(p[3])
+        .ack(p[3], Persist::Wait)
         .await
         .unwrap();
     ml.close().await.unwrap();
@@ -1199,7 +1205,7 @@ async fn cursor_acks_survive_kill_9_at_random_points_p0_7() {
             let m = String::from_utf8(e.payload.to_vec()).unwrap();
             consumer.received(None, &m, message_id(e.position), 0);
             consumer.acked(message_id(e.position), None);
-            sub.ack(e.position).await.unwrap();
+            sub.ack(e.position, Persist::Wait).await.unwrap();
         }
     }
     assert_eq!(sub.backlog_entries().unwrap(), 0);
@@ -1549,4 +1555,75 @@ async fn an_append_above_the_entry_bound_is_refused_alone() {
     let got: Vec<Position> = all.iter().map(|e| e.position).collect();
     assert_eq!(got, vec![before, large, after]);
     assert_eq!(all[1].payload.len(), 1 << 20);
+}
+
+/// An ACK that does not wait for its snapshot (`Persist::Background`, what
+/// a connection uses when the client asked for no ack receipt) returns
+/// while the bookies cannot answer, so the connection goes on reading; the
+/// snapshot is written once they answer, and a new owner restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_ack_returns_while_the_bookies_are_paused_and_is_persisted_after() {
+    let zk = zk().await;
+    let bookies = start_bookies(&zk.connect_string(), 3).await;
+    let name = "t/ns/background-ack";
+    let mut cfg = config(1_000);
+    cfg.cursor.persist_interval_ms = 0; // every change is due at once
+    let ml = open(&zk, name, cfg.clone(), EntryCache::new(1 << 20)).await;
+    let p = append_n(&ml, 0, 5).await;
+    let sub = ml
+        .open_cursor("s", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    let before = sub.snapshots_written().unwrap();
+    for b in &bookies {
+        b.process.pause();
+    }
+    for pos in [p[0], p[1]] {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            sub.ack(pos, Persist::Background),
+        )
+        .await
+        .expect("a background ack waited for the paused bookies")
+        .unwrap();
+    }
+    assert_eq!(
+        sub.mark_delete().unwrap(),
+        p[1],
+        "acks apply in memory at once"
+    );
+    assert_eq!(
+        sub.snapshots_written().unwrap(),
+        before,
+        "no snapshot can be durable while every bookie is paused"
+    );
+    for b in &bookies {
+        b.process.resume();
+    }
+    // The queued snapshot completes; had it failed meanwhile, the next due
+    // ack queues another (bounded wait, no fixed sleep deciding the result).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while sub.snapshots_written().unwrap() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background snapshot was never written"
+        );
+        sub.ack(p[2], Persist::Background).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // A new owner (fencing this one, which is not closed: closing would
+    // write a snapshot of its own) restores at least the first ack (the
+    // snapshot queued by it was taken before the second).
+    let ml2 = open(&zk, name, cfg, EntryCache::new(1 << 20)).await;
+    let restored = ml2
+        .open_cursor("s", InitialPosition::Earliest)
+        .await
+        .unwrap();
+    assert!(
+        restored.mark_delete().unwrap() >= p[0],
+        "restored {:?}, acked {:?} first",
+        restored.mark_delete().unwrap(),
+        p[0]
+    );
+    drop(ml);
 }

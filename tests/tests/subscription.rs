@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cms_broker::dispatch::{ConsumerId, DispatchError, SubType};
-use cms_broker::managed_ledger::io::{EntryCache, ManagedLedger, ManagedLedgerConfig, SeekTarget};
+use cms_broker::managed_ledger::io::{
+    EntryCache, ManagedLedger, ManagedLedgerConfig, Persist, SeekTarget,
+};
 use cms_broker::managed_ledger::{InitialPosition, Position};
 use cms_broker::subscription::{
     ConsumerSpec, Delivery, MessageCounter, StartPosition, SubError, Subscription,
@@ -218,7 +220,10 @@ async fn shared_exclusive_and_failover_dispatch() {
         assert_eq!(redelivery_count, 0);
         per_consumer[usize::try_from(who - 1).unwrap()] += 1;
         got.push(position);
-        shared.ack_individual(cid(who), &[position]).await.unwrap();
+        shared
+            .ack_individual(cid(who), &[position], Persist::Wait)
+            .await
+            .unwrap();
         shared.flow(cid(who), 1).unwrap();
     }
     let unique: BTreeSet<Position> = got.iter().copied().collect();
@@ -236,7 +241,9 @@ async fn shared_exclusive_and_failover_dispatch() {
     );
     assert_eq!(s.mark_delete, *positions.last().unwrap());
     assert_eq!(
-        shared.ack_cumulative(cid(1), positions[0]).await,
+        shared
+            .ack_cumulative(cid(1), positions[0], Persist::Wait)
+            .await,
         Err(SubError::Dispatch(DispatchError::CumulativeAckOnShared))
     );
 
@@ -281,7 +288,9 @@ async fn shared_exclusive_and_failover_dispatch() {
         .map(|m| m.0)
         .collect();
     assert_eq!(first, positions[..5].to_vec());
-    fo.ack_individual(cid(1), &positions[..2]).await.unwrap();
+    fo.ack_individual(cid(1), &positions[..2], Persist::Wait)
+        .await
+        .unwrap();
     assert_no_more(&ml, &fo, cid(2), &mut fb).await;
     fo.remove_consumer(cid(1)).unwrap();
     assert_eq!(
@@ -298,7 +307,7 @@ async fn shared_exclusive_and_failover_dispatch() {
         .map(|(i, p)| (*p, u32::from(i < 3)))
         .collect();
     assert_eq!(rest, want);
-    fo.ack_cumulative(cid(2), *positions.last().unwrap())
+    fo.ack_cumulative(cid(2), *positions.last().unwrap(), Persist::Wait)
         .await
         .unwrap();
     assert_eq!(fo.stats().msg_backlog, 0);
@@ -334,7 +343,9 @@ async fn permits_redelivery_counts_readers_and_resuming_from_the_cursor() {
         sub.flow(cid(1), 1).unwrap();
         assert_eq!(messages(&mut rx, 1).await, vec![(positions[1], round)]);
     }
-    sub.ack_individual(cid(1), &positions[..3]).await.unwrap();
+    sub.ack_individual(cid(1), &positions[..3], Persist::Wait)
+        .await
+        .unwrap();
     assert_eq!(sub.stats().dispatcher.redelivery_counts, 0);
 
     // Seek back to the start: everything again, counts reset.
@@ -343,8 +354,12 @@ async fn permits_redelivery_counts_readers_and_resuming_from_the_cursor() {
     let got = messages(&mut rx, 10).await;
     assert_eq!(got, positions.iter().map(|p| (*p, 0)).collect::<Vec<_>>());
     // Ack 0..=4 and 7; leave the rest unacked and close (a crash-free stop).
-    sub.ack_individual(cid(1), &positions[..5]).await.unwrap();
-    sub.ack_individual(cid(1), &[positions[7]]).await.unwrap();
+    sub.ack_individual(cid(1), &positions[..5], Persist::Wait)
+        .await
+        .unwrap();
+    sub.ack_individual(cid(1), &[positions[7]], Persist::Wait)
+        .await
+        .unwrap();
     sub.close().await.unwrap();
     assert_eq!(sub.flow(cid(1), 1), Err(SubError::Closed("s".to_string())));
 

@@ -49,7 +49,7 @@ pub use types::{
 };
 
 use crate::dispatch::{ConsumerId, ConsumerInfo, Dispatcher, Event};
-use crate::managed_ledger::io::{ManagedCursor, ManagedLedger, MlError, SeekTarget};
+use crate::managed_ledger::io::{ManagedCursor, ManagedLedger, MlError, Persist, SeekTarget};
 use crate::managed_ledger::{InitialPosition, Position};
 
 struct State {
@@ -244,18 +244,21 @@ impl Subscription {
 
     /// Individual acks. Every position is acked on the cursor (positions at
     /// or before the mark-delete are no-ops); the first error is returned
-    /// after trying them all.
+    /// after trying them all. A due cursor snapshot is written as `persist`
+    /// says (a connection passes `Background` unless the client asked for
+    /// an ack receipt).
     pub async fn ack_individual(
         &self,
         id: ConsumerId,
         positions: &[Position],
+        persist: Persist,
     ) -> Result<(), SubError> {
         if !self.state()?.d.has_consumer(id) {
             return Err(crate::dispatch::DispatchError::UnknownConsumer(id).into());
         }
         let mut first_err = None;
         for &p in positions {
-            if let Err(e) = self.inner.cursor.ack(p).await {
+            if let Err(e) = self.inner.cursor.ack(p, persist).await {
                 debug!(topic = %self.inner.topic, subscription = %self.inner.name, position = %p, error = %e, "ack refused");
                 first_err.get_or_insert(e);
             }
@@ -277,11 +280,15 @@ impl Subscription {
         id: ConsumerId,
         position: Position,
         ack_set: &[i64],
+        persist: Persist,
     ) -> Result<(), SubError> {
         if !self.state()?.d.has_consumer(id) {
             return Err(crate::dispatch::DispatchError::UnknownConsumer(id).into());
         }
-        self.inner.cursor.ack_batch_index(position, ack_set).await?;
+        self.inner
+            .cursor
+            .ack_batch_index(position, ack_set, persist)
+            .await?;
         if self.inner.cursor.is_acked(position)? {
             let mut st = lock(&self.inner.state);
             let _ = st.d.ack(id, &[position]);
@@ -292,7 +299,12 @@ impl Subscription {
     }
 
     /// A cumulative ack up to `position` (refused on Shared).
-    pub async fn ack_cumulative(&self, id: ConsumerId, position: Position) -> Result<(), SubError> {
+    pub async fn ack_cumulative(
+        &self,
+        id: ConsumerId,
+        position: Position,
+        persist: Persist,
+    ) -> Result<(), SubError> {
         {
             let st = self.state()?;
             if !st.d.has_consumer(id) {
@@ -302,7 +314,7 @@ impl Subscription {
                 return Err(crate::dispatch::DispatchError::CumulativeAckOnShared.into());
             }
         }
-        self.inner.cursor.ack_cumulative(position).await?;
+        self.inner.cursor.ack_cumulative(position, persist).await?;
         {
             let mut st = lock(&self.inner.state);
             let _ = st.d.ack_cumulative(id, position);

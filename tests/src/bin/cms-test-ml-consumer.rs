@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use clap::Parser;
 use cms_broker::managed_ledger::io::{
-    EntryCache, ManagedCursor, ManagedLedger, ManagedLedgerConfig,
+    EntryCache, ManagedCursor, ManagedLedger, ManagedLedgerConfig, Persist,
 };
 use cms_broker::managed_ledger::{
     CursorConfig, CursorLedgerRollover, InitialPosition, Position, RetentionPolicy, RolloverPolicy,
@@ -199,7 +199,7 @@ async fn consume(
         }
         for p in now {
             journal.line(&format!("ACK {}", pos(p)), false)?;
-            cursor.ack(p).await?;
+            cursor.ack(p, Persist::Wait).await?;
             persisted(&cursor, &journal)?;
         }
         // Now and then a cumulative ack up to the last entry read: covers
@@ -208,7 +208,7 @@ async fn consume(
             && let Some(last) = entries.last()
         {
             journal.line(&format!("ACKC {}", pos(last.position)), false)?;
-            cursor.ack_cumulative(last.position).await?;
+            cursor.ack_cumulative(last.position, Persist::Wait).await?;
             held.clear();
             persisted(&cursor, &journal)?;
         }

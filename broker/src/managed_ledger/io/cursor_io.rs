@@ -208,6 +208,7 @@ pub(super) async fn open_durable(
             snapshots_written: 1,
             read_ahead: std::collections::VecDeque::new(),
             active: false,
+            persist_queued: false,
         },
     );
     Ok(())

@@ -257,6 +257,19 @@ fn read_ahead_count(
 }
 
 /// A cursor as held by its managed ledger.
+/// When an acknowledgement's due snapshot is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persist {
+    /// Before the call returns (its error is the call's).
+    Wait,
+    /// In a background task: the caller does not wait for a bookie round
+    /// trip (a connection handling ACKs keeps reading its other commands,
+    /// as Pulsar's lazy mark-delete persistence does). Acks are in memory
+    /// either way; a crash loses those after the last snapshot, which are
+    /// then redelivered (at least once).
+    Background,
+}
+
 pub(super) struct CursorSlot {
     pub(super) cursor: Cursor,
     /// Durable cursors hold data back from trimming and are persisted.
@@ -275,6 +288,8 @@ pub(super) struct CursorSlot {
     /// only active cursors that are not backlogged keep appended entries
     /// in the entry cache ([`Shared::cache_floor`]).
     pub(super) active: bool,
+    /// A background snapshot is queued ([`Persist::Background`]).
+    pub(super) persist_queued: bool,
 }
 
 pub(super) struct Core {
@@ -1592,6 +1607,7 @@ impl ManagedLedger {
                 snapshots_written: 0,
                 read_ahead: VecDeque::new(),
                 active: true,
+                persist_queued: false,
             },
         );
         ManagedCursor {
@@ -2097,17 +2113,51 @@ impl ManagedCursor {
 
     /// Acknowledges some messages of the batch entry at `pos` (Pulsar ack
     /// set: 1 = left unacked; see
-    /// [`crate::managed_ledger::Cursor::ack_batch_index`]); persists when due.
+    /// [`crate::managed_ledger::Cursor::ack_batch_index`]); a snapshot that
+    /// is due is written as `persist` says.
     pub async fn ack_batch_index(
         &self,
         pos: Position,
         ack_set: &[i64],
+        persist: Persist,
     ) -> Result<AckOutcome, MlError> {
         let o = self
             .with(|s, l| s.cursor.ack_batch_index(pos, ack_set, l))?
             .map_err(MlError::Cursor)?;
-        cursor_io::persist(&self.shared, &self.name, false).await?;
+        self.persist_due(persist).await?;
         Ok(o)
+    }
+
+    /// Writes a snapshot if one is due: now (`Wait`), or in a task of its
+    /// own (`Background`; at most one queued per cursor, a failure is
+    /// counted and logged and the next due snapshot retries).
+    async fn persist_due(&self, persist: Persist) -> Result<(), MlError> {
+        match persist {
+            Persist::Wait => cursor_io::persist(&self.shared, &self.name, false).await,
+            Persist::Background => {
+                let queue = self.with(|s, _| {
+                    let due = !s.persist_queued && s.cursor.should_persist(now_ms());
+                    s.persist_queued |= due;
+                    due
+                })?;
+                if queue {
+                    let (shared, name) = (self.shared.clone(), self.name.clone());
+                    tokio::spawn(async move {
+                        let r = cursor_io::persist(&shared, &name, false).await;
+                        if let Some(slot) = shared.core().cursors.get_mut(&name) {
+                            slot.persist_queued = false;
+                        }
+                        match r {
+                            Ok(()) | Err(MlError::NoCursor(_) | MlError::Closed(_)) => {}
+                            Err(e) => {
+                                warn!(managed_ledger = %shared.name, cursor = %name, error = %e, "cursor snapshot failed; the next due one retries");
+                            }
+                        }
+                    });
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The bit set (1 = unacked) of a partly acknowledged batch entry.
@@ -2115,21 +2165,27 @@ impl ManagedCursor {
         self.with(|s, _| s.cursor.batch_unacked(pos).map(<[i64]>::to_vec))
     }
 
-    /// Individually acknowledges `pos`; persists when a snapshot is due.
-    pub async fn ack(&self, pos: Position) -> Result<AckOutcome, MlError> {
+    /// Individually acknowledges `pos`; a snapshot that is due is written
+    /// as `persist` says.
+    pub async fn ack(&self, pos: Position, persist: Persist) -> Result<AckOutcome, MlError> {
         let o = self
             .with(|s, l| s.cursor.ack(pos, l))?
             .map_err(MlError::Cursor)?;
-        cursor_io::persist(&self.shared, &self.name, false).await?;
+        self.persist_due(persist).await?;
         Ok(o)
     }
 
-    /// Acknowledges everything at or before `pos`; persists when due.
-    pub async fn ack_cumulative(&self, pos: Position) -> Result<AckOutcome, MlError> {
+    /// Acknowledges everything at or before `pos`; a snapshot that is due
+    /// is written as `persist` says.
+    pub async fn ack_cumulative(
+        &self,
+        pos: Position,
+        persist: Persist,
+    ) -> Result<AckOutcome, MlError> {
         let o = self
             .with(|s, l| s.cursor.ack_cumulative(pos, l))?
             .map_err(MlError::Cursor)?;
-        cursor_io::persist(&self.shared, &self.name, false).await?;
+        self.persist_due(persist).await?;
         Ok(o)
     }
 

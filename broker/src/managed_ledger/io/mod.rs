@@ -43,5 +43,6 @@ pub mod managed_ledger;
 pub use cache::EntryCache;
 pub use dispatch_reads::DispatchReads;
 pub use managed_ledger::{
-    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, PublishTimeFn, SeekTarget,
+    Entry, ManagedCursor, ManagedLedger, ManagedLedgerConfig, MlError, Persist, PublishTimeFn,
+    SeekTarget,
 };
