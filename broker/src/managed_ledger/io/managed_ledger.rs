@@ -256,7 +256,6 @@ fn read_ahead_count(
         .max(count_max)
 }
 
-/// A cursor as held by its managed ledger.
 /// When an acknowledgement's due snapshot is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Persist {
@@ -270,6 +269,7 @@ pub enum Persist {
     Background,
 }
 
+/// A cursor as held by its managed ledger.
 pub(super) struct CursorSlot {
     pub(super) cursor: Cursor,
     /// Durable cursors hold data back from trimming and are persisted.
@@ -2136,7 +2136,7 @@ impl ManagedCursor {
             Persist::Wait => cursor_io::persist(&self.shared, &self.name, false).await,
             Persist::Background => {
                 let queue = self.with(|s, _| {
-                    let due = !s.persist_queued && s.cursor.should_persist(now_ms());
+                    let due = s.durable && !s.persist_queued && s.cursor.should_persist(now_ms());
                     s.persist_queued |= due;
                     due
                 })?;
