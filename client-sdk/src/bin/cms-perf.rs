@@ -9,10 +9,10 @@
 //! 2,000 msg/s waking up to 1 ms after the due time would be counted as
 //! publish latency. How late the pacer released each send is reported as the
 //! `pace_late_*` keys, so a figure can be checked for the tool's own delay.
-//! `--max-pending 1` waits for each receipt before the next send (W1). Every sample goes into
-//! an HDR histogram (microseconds). `--json` prints one JSON object with
-//! `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`, `p99_ms`, `p999_ms`, `max_ms`, `mean_ms`
-//! (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
+//! `--max-pending 1` waits for each receipt before the next send (W1).
+//! Every sample goes into an HDR histogram (microseconds). `--json` prints
+//! one JSON object with `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`,
+//! `p99_ms`, `p999_ms`, `max_ms`, `mean_ms` (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
 //! (publish to receive). A progress bar is drawn only on a terminal.
 //!
 //! Scale: `--topics N` uses topics `<topic>-0` .. `<topic>-(N-1)` (just
@@ -319,6 +319,11 @@ struct Pace {
     release: Arc<tokio::sync::Semaphore>,
 }
 
+/// When message `i` of a producer sending at `rate` from `start` is due.
+fn due_at(start: Instant, i: u64, rate: f64) -> Instant {
+    start + Duration::from_secs_f64(i as f64 / rate)
+}
+
 /// Starts the pacer thread for producers with the given (messages, rate)
 /// plans, all starting at `start`. It keeps one heap slot per producer, so
 /// it needs no queue of pending releases: a producer that falls behind
@@ -334,7 +339,6 @@ fn spawn_pacer(
         .iter()
         .map(|_| Arc::new(tokio::sync::Semaphore::new(0)))
         .collect();
-    let due = move |i: u64, rate: f64| start + Duration::from_secs_f64(i as f64 / rate);
     let mut heap: std::collections::BinaryHeap<Reverse<(Instant, usize, u64)>> = plans
         .iter()
         .enumerate()
@@ -363,7 +367,7 @@ fn spawn_pacer(
                 mine[p].add_permits(1);
                 let (n, rate) = plans[p];
                 if i + 1 < n {
-                    heap.push(Reverse((due(i + 1, rate), p, i + 1)));
+                    heap.push(Reverse((due_at(start, i + 1, rate), p, i + 1)));
                 }
             }
         })
@@ -439,7 +443,7 @@ async fn produce_one(
         let intended = match &pace {
             Some(p) => {
                 p.release.acquire().await.context("pacer")?.forget();
-                let due = p.start + Duration::from_secs_f64(i as f64 / p.rate);
+                let due = due_at(p.start, i, p.rate);
                 let _ = late.record((due.elapsed().as_micros() as u64).max(1));
                 due
             }
@@ -692,7 +696,7 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 for i in 0..n {
                     release.acquire().await.unwrap().forget();
-                    let due = start + Duration::from_secs_f64(i as f64 / rate);
+                    let due = due_at(start, i, rate);
                     assert!(Instant::now() >= due, "message {i} released early");
                 }
                 // Nothing beyond the plan arrives (the pacer has stopped
