@@ -120,13 +120,24 @@ pub(crate) fn write_checkpoint(
         .map_err(|e| io_err("sync dir", current, e))
 }
 
-/// Writes zeros over `[from, to)` of `f` (no sync).
-fn zero_fill(f: &dyn FsFile, from: u64, to: u64) -> io::Result<()> {
+/// Writes zeros over `[from, to)` of `f` (no sync), at most `pace` bytes a
+/// second when given.
+fn zero_fill(f: &dyn FsFile, from: u64, to: u64, pace: Option<f64>) -> io::Result<()> {
     let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
+    let started = std::time::Instant::now();
     let mut at = from;
     while at < to {
+        if let Some(rate) = pace.filter(|r| *r > 0.0) {
+            let due = std::time::Duration::from_secs_f64((at - from) as f64 / rate);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
         let n = (to - at).min(ZERO_FILL_CHUNK_BYTES as u64) as usize;
         f.write_at(&zeros[..n], at)?;
+        // Write-behind, so the fill reaches the disk in chunks the journal's
+        // syncs can slip between (FsFile::write_out).
+        f.write_out(at, n as u64)?;
         at += n as u64;
     }
     Ok(())
@@ -168,18 +179,19 @@ pub(crate) fn is_prealloc(path: &Path) -> bool {
         .is_some_and(|n| n.starts_with("prealloc-") && n.ends_with(PREALLOC_SUFFIX))
 }
 
-/// Creates `path` pre-filled with `file_bytes` zeros, fsynced, its directory
-/// fsynced.
+/// Creates `path` pre-filled with `file_bytes` zeros (written at most `pace`
+/// bytes a second when given), fsynced, its directory fsynced.
 pub(crate) fn create_zeroed(
     fs: &SharedFs,
     current: &Path,
     path: &Path,
     file_bytes: u64,
+    pace: Option<f64>,
 ) -> Result<(), JournalError> {
     let f = fs
         .open(path, OpenMode::CreateNew)
         .map_err(|e| io_err("create", path, e))?;
-    zero_fill(f.as_ref(), 0, file_bytes).map_err(|e| io_err("zero-fill", path, e))?;
+    zero_fill(f.as_ref(), 0, file_bytes, pace).map_err(|e| io_err("zero-fill", path, e))?;
     f.sync_data().map_err(|e| io_err("fdatasync", path, e))?;
     fs.sync_dir(current)
         .map_err(|e| io_err("sync dir", current, e))
@@ -207,7 +219,7 @@ pub(crate) fn start_file(
                 .map_err(|e| io_err("open", &path, e))?;
             let len = f.len().map_err(|e| io_err("stat", &path, e))?;
             if len < file_bytes {
-                zero_fill(f.as_ref(), len, file_bytes)
+                zero_fill(f.as_ref(), len, file_bytes, None)
                     .map_err(|e| io_err("zero-fill", &path, e))?;
             }
             tracing::debug!(file = %path.display(), from = %spare.display(), "journal file recycled");
@@ -217,7 +229,8 @@ pub(crate) fn start_file(
             let f = fs
                 .open(&path, OpenMode::CreateNew)
                 .map_err(|e| io_err("create", &path, e))?;
-            zero_fill(f.as_ref(), 0, file_bytes).map_err(|e| io_err("zero-fill", &path, e))?;
+            zero_fill(f.as_ref(), 0, file_bytes, None)
+                .map_err(|e| io_err("zero-fill", &path, e))?;
             tracing::debug!(file = %path.display(), file_bytes, "journal file created and zero-filled");
             f
         }

@@ -401,7 +401,7 @@ impl Journal {
             cfg,
         });
         // One file ready before the first rotation; later ones in background.
-        prealloc::top_up(&shared)?;
+        prealloc::top_up(&shared, None)?;
         let (wake, woken) = mpsc::sync_channel(1);
         let prealloc_thread = prealloc::spawn(shared.clone(), woken)?;
         let (tx, rx) = mpsc::sync_channel(shared.cfg.queue_records_max.max(1));

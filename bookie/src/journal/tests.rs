@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::record::{self, FILE_HEADER_BYTES};
 use super::*;
-use crate::fs::{DiskSpace, FaultyFs, Fs, FsFile, OpenMode};
+use crate::fs::{DiskSpace, FaultyFs, Fs, FsFile, OpenMode, RealFs};
 
 fn cfg(dir: &Path) -> JournalConfig {
     JournalConfig {
@@ -694,5 +694,52 @@ async fn rotation_uses_the_file_pre_filled_at_open_and_leftovers_are_removed() {
     assert_eq!(j.synced_mark().file_seq, 2, "rotated once");
     assert!(!ready.exists(), "the rotation renamed the pre-filled file");
     assert_eq!(journal_files(dir.path()).len(), 2);
+    j.close().unwrap();
+}
+
+#[tokio::test]
+async fn after_a_rotation_a_file_is_pre_filled_only_once_the_journal_is_half_way_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("current");
+    // Eight one-record groups (512 bytes each) per file.
+    let c = JournalConfig {
+        file_bytes: record::FILE_HEADER_BYTES + 8 * record::ALIGN_BYTES,
+        ..JournalConfig::new(dir.path().to_path_buf())
+    };
+    let half = c.file_bytes / 2;
+    let (j, _) = open_with(Arc::new(RealFs), c.clone()).unwrap();
+    let next = file::prealloc_path(&current, 1);
+    let mut i = 0;
+    while j.synced_mark().file_seq < 2 {
+        j.append(entry(i)).await.unwrap();
+        i += 1;
+    }
+    // In the new file's first half, with no spare: nothing is filled (the
+    // preallocator was woken by the rotation and is waiting).
+    while j.synced_mark().offset + record::ALIGN_BYTES < half {
+        j.append(entry(i)).await.unwrap();
+        i += 1;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !next.exists(),
+        "filled while the journal was in its first half"
+    );
+    // Past half way: the file is filled (bounded wait) and the next rotation
+    // takes it.
+    j.append(entry(i)).await.unwrap();
+    i += 1;
+    assert!(j.synced_mark().offset >= half);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while lock(&j.inner.shared.pool).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no file filled");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(std::fs::metadata(&next).unwrap().len(), c.file_bytes);
+    while j.synced_mark().file_seq < 3 {
+        j.append(entry(i)).await.unwrap();
+        i += 1;
+    }
+    assert!(!next.exists(), "the rotation renamed the filled file");
     j.close().unwrap();
 }

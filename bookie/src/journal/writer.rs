@@ -239,8 +239,6 @@ impl Writer {
             elapsed_us = started.elapsed().as_micros() as u64,
             "journal rotated"
         );
-        // Full means a wake-up is already pending.
-        let _ = self.prealloc_wake.try_send(());
         self.file = f;
         self.seq = header.file_seq;
         self.write_pos = FILE_HEADER_BYTES;
@@ -249,6 +247,9 @@ impl Writer {
             file_seq: self.seq,
             offset: self.synced_pos,
         });
+        // After the mark moved: the preallocator reads how far into the new
+        // file we are. Full means a wake-up is already pending.
+        let _ = self.prealloc_wake.try_send(());
         Ok(())
     }
 }

@@ -458,6 +458,7 @@ impl BookieCore {
                 break r;
             }
             waited = true;
+            self.storage.hurry_flush();
             self.flush_wanted.notify_one();
             let mut rx = self.flushed.subscribe();
             let _ = tokio::time::timeout(
@@ -468,6 +469,12 @@ impl BookieCore {
         };
         if let Err(s) = checked {
             return s;
+        }
+        if self.storage.take_flush_due() {
+            // A half of the write cache just froze: flush it now, at full
+            // speed, while the other half takes adds.
+            self.storage.hurry_flush();
+            self.flush_wanted.notify_one();
         }
         self.add_journal(
             handle, header.lac, created, adopted, ledger_id, entry_id, master_key, body,
@@ -1027,5 +1034,40 @@ mod tests {
         let (key, buffer) = key_in_big_buffer();
         assert_eq!(add_first(&core, 3, &key).await, StatusCode::Ok);
         check(3, &key, &buffer);
+    }
+
+    #[tokio::test]
+    async fn the_add_that_freezes_half_the_write_cache_asks_for_a_flush_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = core(dir.path());
+        let key = Bytes::from_static(b"key");
+        // 64 KiB entries: the 512 KiB half holds 7 of them; the 8th freezes it.
+        let body = vec![5u8; 64 * 1024];
+        for entry_id in 0..8 {
+            assert!(
+                tokio::time::timeout(Duration::from_millis(1), core.flush_wanted())
+                    .await
+                    .is_err(),
+                "a flush was asked for before the half was full (entry {entry_id})"
+            );
+            let header = EntryHeader {
+                ledger_id: 9,
+                entry_id,
+                lac: entry_id - 1,
+                length: (entry_id as u64 + 1) * body.len() as u64,
+            };
+            let op = AddOp {
+                ledger_id: 9,
+                entry_id,
+                master_key: key.clone(),
+                recovery: false,
+                body: Entry::encode(header, &body),
+            };
+            assert_eq!(core.add(op).await, StatusCode::Ok);
+        }
+        // The permit is stored: the checkpoint loop would start at once.
+        tokio::time::timeout(Duration::from_secs(10), core.flush_wanted())
+            .await
+            .expect("no flush asked for after a half of the write cache froze");
     }
 }

@@ -381,8 +381,18 @@ fn sync_dir(dir: &Path) -> Result<(), ServerError> {
 /// One checkpoint: take the journal's synced mark, flush ledger storage, then
 /// let the journal persist the mark and recycle older files.
 pub fn checkpoint(core: &BookieCore) -> Result<(), String> {
+    checkpoint_spread(core, None)
+}
+
+/// A checkpoint whose storage flush is spread over about `spread`
+/// ([`crate::storage::LedgerStorage::flush_spread`]) when given.
+fn checkpoint_spread(core: &BookieCore, spread: Option<Duration>) -> Result<(), String> {
     let mark = core.journal().synced_mark();
-    core.storage().flush().map_err(|e| e.to_string())?;
+    match spread {
+        Some(over) => core.storage().flush_spread(over),
+        None => core.storage().flush(),
+    }
+    .map_err(|e| e.to_string())?;
     core.journal()
         .checkpoint_complete(mark)
         .map_err(|e| e.to_string())
@@ -393,14 +403,17 @@ async fn checkpoint_loop(every: Duration, core: Arc<BookieCore>, mut stop: watch
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = core.flush_wanted() => {}
+        // A periodic checkpoint spreads its writes over a quarter of the
+        // period (it has the whole period); one that adds wait for (a full
+        // write cache) goes at once.
+        let spread = tokio::select! {
+            _ = tick.tick() => Some(every / 4),
+            _ = core.flush_wanted() => None,
             _ = stop.wait_for(|v| *v) => return,
-        }
+        };
         let c = core.clone();
         let started = Instant::now();
-        match tokio::task::spawn_blocking(move || checkpoint(&c)).await {
+        match tokio::task::spawn_blocking(move || checkpoint_spread(&c, spread)).await {
             Ok(Ok(())) => {
                 core.checkpoint_done();
                 tracing::debug!(took_ms = started.elapsed().as_millis() as u64, "checkpoint");

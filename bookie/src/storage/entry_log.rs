@@ -11,11 +11,16 @@
 //! storage turns it into `StorageError::Corrupt`, never into "no entry"); every
 //! write goes through [`crate::fs`]; [`LogWriter::sync`] makes every record
 //! appended so far durable, including the directory entries of logs it created.
+//! Each buffered write is written back as it goes ([`FsFile::write_out`]), and
+//! with a [`Pace`] the writes are spread over time, so a checkpoint does not
+//! hit the disk in one burst that journal syncs queue behind.
 
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::BufMut;
 
@@ -168,7 +173,55 @@ pub(crate) struct LogWriter {
     unsynced: Vec<Arc<dyn FsFile>>,
     /// A log was created since the last sync: the directory needs a sync.
     dir_dirty: bool,
+    /// Spreads writes over time while set.
+    pace: Option<Pace>,
 }
+
+/// A rate limit on [`LogWriter`]'s writes: at most `bytes_per_s` on average
+/// since it was set, until `hurry` turns true (a full write cache: adds wait
+/// for this flush, so it goes as fast as it can).
+#[derive(Debug)]
+pub(crate) struct Pace {
+    bytes_per_s: f64,
+    started: Instant,
+    written: u64,
+    hurry: Arc<AtomicBool>,
+}
+
+impl Pace {
+    /// A pace of `bytes_per_s` from now on, dropped when `hurry` turns true.
+    pub(crate) fn new(bytes_per_s: f64, hurry: Arc<AtomicBool>) -> Pace {
+        Pace {
+            bytes_per_s,
+            started: Instant::now(),
+            written: 0,
+            hurry,
+        }
+    }
+
+    /// Counts `bytes` written; returns how long to wait before the next write.
+    pub(crate) fn after(&mut self, bytes: u64) -> Option<Duration> {
+        self.after_at(bytes, Instant::now())
+    }
+
+    /// [`Pace::after`] at time `now`.
+    fn after_at(&mut self, bytes: u64, now: Instant) -> Option<Duration> {
+        self.written += bytes;
+        if self.hurry.load(Ordering::Acquire)
+            || self.bytes_per_s.is_nan()
+            || self.bytes_per_s <= 0.0
+        {
+            return None;
+        }
+        let due = Duration::from_secs_f64(self.written as f64 / self.bytes_per_s);
+        due.checked_sub(now.saturating_duration_since(self.started))
+            .filter(|w| !w.is_zero())
+            .map(|w| w.min(PACE_WAIT_MAX))
+    }
+}
+
+/// The longest single wait of a paced writer (so it notices `hurry` soon).
+const PACE_WAIT_MAX: Duration = Duration::from_millis(100);
 
 impl LogWriter {
     /// A writer whose first log will be `next_log_id`.
@@ -181,7 +234,13 @@ impl LogWriter {
             buf: Vec::new(),
             unsynced: Vec::new(),
             dir_dirty: false,
+            pace: None,
         }
+    }
+
+    /// Sets or clears the pace of the writes that follow.
+    pub(crate) fn set_pace(&mut self, pace: Option<Pace>) {
+        self.pace = pace;
     }
 
     /// Id of the log being appended (or the next one to be created): GC never
@@ -238,8 +297,18 @@ impl LogWriter {
             return Err(io::Error::other("buffered records without an entry log"));
         };
         file.write_at(&self.buf, *offset)?;
+        // Write-behind: this chunk goes to the disk now, not in one burst
+        // with the rest at the checkpoint's fdatasync (FsFile::write_out).
+        file.write_out(*offset, self.buf.len() as u64)?;
         *offset += self.buf.len() as u64;
+        let wait = self
+            .pace
+            .as_mut()
+            .and_then(|p| p.after(self.buf.len() as u64));
         self.buf.clear();
+        if let Some(wait) = wait {
+            std::thread::sleep(wait);
+        }
         Ok(())
     }
 
@@ -289,5 +358,44 @@ impl LogWriter {
         self.buf.clear();
         self.unsynced.clear();
         self.current = None;
+    }
+}
+
+#[cfg(test)]
+mod pace_tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_pace_waits_until_the_bytes_written_are_due_never_longer_than_the_cap() {
+        let hurry = Arc::new(AtomicBool::new(false));
+        let mut p = Pace::new(4.0 * MIB as f64, hurry);
+        let t0 = p.started;
+        // 1 MiB at 4 MiB/s is due at 250 ms: at t0 that is a wait, capped.
+        assert_eq!(p.after_at(MIB, t0), Some(PACE_WAIT_MAX));
+        // At 200 ms, 50 ms are left.
+        let w = p.after_at(0, t0 + Duration::from_millis(200)).unwrap();
+        assert!((w.as_secs_f64() - 0.05).abs() < 1e-6, "{w:?}");
+        // Behind schedule: no wait.
+        assert_eq!(p.after_at(0, t0 + Duration::from_millis(300)), None);
+        // 2 MiB are due at 500 ms.
+        let w = p.after_at(MIB, t0 + Duration::from_millis(450)).unwrap();
+        assert!((w.as_secs_f64() - 0.05).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn hurry_or_no_rate_means_no_wait() {
+        let hurry = Arc::new(AtomicBool::new(false));
+        let mut p = Pace::new(MIB as f64, hurry.clone());
+        let t0 = p.started;
+        assert!(p.after_at(MIB, t0).is_some());
+        hurry.store(true, Ordering::Release);
+        assert_eq!(p.after_at(MIB, t0), None);
+        for rate in [0.0, -1.0, f64::NAN] {
+            let mut p = Pace::new(rate, Arc::new(AtomicBool::new(false)));
+            let t0 = p.started;
+            assert_eq!(p.after_at(MIB, t0), None, "rate {rate}");
+        }
     }
 }

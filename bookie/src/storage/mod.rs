@@ -13,7 +13,10 @@
 //!   it durable: entry logs are `fdatasync`ed, then the index is committed durably.
 //!   Until then the journal covers the data; its replay calls `put_entry` /
 //!   `set_ledger_state` again, which are idempotent (an entry already stored is
-//!   not written a second time).
+//!   not written a second time). [`LedgerStorage::flush_spread`] promises the
+//!   same, with its entry-log writes paced (at least [`FLUSH_BYTES_PER_S_MIN`])
+//!   and written back as they go, so the journals' syncs on the same disk do
+//!   not queue behind one burst; [`LedgerStorage::hurry_flush`] lifts the pace.
 //! - A read answers `Ok(None)` only when the entry is absent: a record whose CRC,
 //!   length or ids do not match, a short read or a missing log file is
 //!   [`StorageError::Corrupt`] (RELIABILITY P0-8).
@@ -183,7 +186,16 @@ pub struct LedgerStorage {
     /// One GC / compaction pass at a time.
     gc_lock: Mutex<()>,
     closed: AtomicBool,
+    /// Set by [`LedgerStorage::hurry_flush`]: a paced flush stops pacing.
+    hurry: Arc<AtomicBool>,
+    /// A put froze a half of the write cache: a flush is due now
+    /// ([`LedgerStorage::take_flush_due`]).
+    flush_due: AtomicBool,
 }
+
+/// A paced flush ([`LedgerStorage::flush_spread`]) never writes slower than
+/// this (bytes a second).
+pub const FLUSH_BYTES_PER_S_MIN: f64 = 16.0 * 1024.0 * 1024.0;
 
 impl LedgerStorage {
     /// Opens (creating if needed) the storage in `cfg.ledger_dir`. Appends go to a
@@ -250,6 +262,8 @@ impl LedgerStorage {
             states: RwLock::new(HashMap::new()),
             gc_lock: Mutex::new(()),
             closed: AtomicBool::new(false),
+            hurry: Arc::new(AtomicBool::new(false)),
+            flush_due: AtomicBool::new(false),
             files,
             fs,
             cfg,
@@ -296,9 +310,19 @@ impl LedgerStorage {
     ) -> Result<(), StorageError> {
         self.check_open()?;
         let mut cache = self.cache_write()?;
-        cache.put(ledger_id, entry_id, data)?;
+        if cache.put(ledger_id, entry_id, data)? {
+            self.flush_due.store(true, Ordering::Release);
+        }
         self.metrics.write_cache_bytes.set(cache.bytes() as i64);
         Ok(())
+    }
+
+    /// True once after a put froze a half of the write cache: its owner
+    /// should flush now, while the other half takes puts, instead of at the
+    /// next periodic checkpoint (by then the other half may be full too and
+    /// adds would wait for a whole flush).
+    pub fn take_flush_due(&self) -> bool {
+        self.flush_due.swap(false, Ordering::AcqRel)
     }
 
     /// The entry. `Ok(None)` only when it is truly absent; corruption (CRC of the
@@ -507,6 +531,28 @@ impl LedgerStorage {
         self.flush_locked(&mut writer)
     }
 
+    /// [`LedgerStorage::flush`], with the entry-log writes spread over about
+    /// `over` (never slower than [`FLUSH_BYTES_PER_S_MIN`]) instead of going
+    /// out at once: a periodic checkpoint's data then reaches a disk shared
+    /// with journals in a trickle that their syncs hardly notice. A
+    /// [`LedgerStorage::hurry_flush`] during it drops the pace.
+    pub fn flush_spread(&self, over: std::time::Duration) -> Result<(), StorageError> {
+        self.check_open()?;
+        let mut writer = self.lock_writer()?;
+        let bytes = self.cache_read()?.bytes() as f64;
+        let rate = (bytes / over.as_secs_f64().max(1e-3)).max(FLUSH_BYTES_PER_S_MIN);
+        writer.set_pace(Some(entry_log::Pace::new(rate, self.hurry.clone())));
+        let r = self.flush_locked(&mut writer);
+        writer.set_pace(None);
+        r
+    }
+
+    /// Adds are waiting for room in the write cache: a paced flush running
+    /// now goes at full speed.
+    pub fn hurry_flush(&self) {
+        self.hurry.store(true, Ordering::Release);
+    }
+
     fn flush_locked(&self, writer: &mut LogWriter) -> Result<(), StorageError> {
         let start = Instant::now();
         let index = self.index()?;
@@ -548,6 +594,8 @@ impl LedgerStorage {
         let secs = start.elapsed().as_secs_f64();
         self.metrics.flush_seconds.observe(secs);
         tracing::debug!(bytes = written, seconds = secs, "ledger storage flushed");
+        // Adds that waited for room have it now; the next paced flush paces.
+        self.hurry.store(false, Ordering::Release);
         Ok(())
     }
 

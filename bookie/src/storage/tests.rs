@@ -39,6 +39,9 @@ impl FsFile for TestFile {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_at(buf, offset)
     }
+    fn write_out(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.write_out(offset, len)
+    }
     fn sync_data(&self) -> io::Result<()> {
         if let Some(flag) = &self.fail_sync
             && flag.swap(false, Ordering::SeqCst)
@@ -573,6 +576,38 @@ fn write_cache_full_at_the_bound_then_flush_makes_room() {
     drop(s);
     let s = open(&cfg);
     assert_eq!(s.get_range(1, 0, 100, 1 << 20).unwrap().len(), 5);
+}
+
+#[test]
+fn a_spread_flush_is_paced_and_keeps_every_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.write_cache_bytes_max = 16 << 20;
+    cfg.entry_log_bytes_max = 1 << 30;
+    let s = open(&cfg);
+    // About 3 MiB of records: three full write buffers and a rest, each
+    // followed by a wait until its bytes are due.
+    let n = 3 * 1024;
+    for e in 0..n {
+        s.put_entry(7, e, data(7, e, 1000)).unwrap();
+    }
+    let started = Instant::now();
+    // Asked to take an hour: the floor rate applies instead.
+    s.flush_spread(std::time::Duration::from_secs(3600))
+        .unwrap();
+    let took = started.elapsed().as_secs_f64();
+    let written = (n * 1000) as f64;
+    assert!(
+        took >= 0.99 * written / FLUSH_BYTES_PER_S_MIN,
+        "a paced flush of {written} bytes at 16 MiB/s took only {took} s"
+    );
+    assert_eq!(s.metrics.write_cache_bytes.get(), 0);
+    s.close().unwrap();
+    drop(s);
+    let s = open(&cfg);
+    let got = s.get_range(7, 0, n as usize, 1 << 30).unwrap();
+    assert_eq!(got.len(), n as usize);
+    assert_eq!(got[1234], data(7, 1234, 1000));
 }
 
 #[test]

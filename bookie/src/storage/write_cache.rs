@@ -5,8 +5,9 @@
 //! Promises: memory is bounded by `write_cache_bytes_max` (each half by half of
 //! it, an entry counted as its data plus [`ENTRY_OVERHEAD_BYTES`]); a put of an
 //! entry already cached keeps the first copy; when the active half is full it is
-//! frozen (if no half is frozen yet) and waits for the next flush, and a put that
-//! finds both halves full gets [`StorageError::WriteCacheFull`]; an entry stays
+//! frozen (if no half is frozen yet) and waits for the next flush (the put
+//! that froze it says so, so the owner can start that flush at once), and a
+//! put that finds both halves full gets [`StorageError::WriteCacheFull`]; an entry stays
 //! readable here until the flush that wrote it has committed the index.
 
 use std::collections::BTreeMap;
@@ -88,29 +89,32 @@ impl WriteCache {
         self.active.bytes + self.frozen.as_ref().map_or(0, |f| f.bytes)
     }
 
-    /// Caches an entry (see the module promises).
+    /// Caches an entry (see the module promises). True when this put froze
+    /// the active half: a flush is due.
     pub(crate) fn put(
         &mut self,
         ledger_id: u64,
         entry_id: i64,
         data: Bytes,
-    ) -> Result<(), StorageError> {
+    ) -> Result<bool, StorageError> {
         let cost = data.len() + ENTRY_OVERHEAD_BYTES;
         if cost > self.half_bytes_max {
             return Err(StorageError::TooLarge(data.len()));
         }
         if self.get(ledger_id, entry_id).is_some() {
-            return Ok(());
+            return Ok(false);
         }
+        let mut froze = false;
         if self.active.bytes + cost > self.half_bytes_max {
             if self.frozen.is_some() {
                 return Err(StorageError::WriteCacheFull);
             }
             self.frozen = Some(Arc::new(std::mem::take(&mut self.active)));
+            froze = true;
         }
         self.active.entries.insert((ledger_id, entry_id), data);
         self.active.bytes += cost;
-        Ok(())
+        Ok(froze)
     }
 
     /// The cached entry.
@@ -178,12 +182,12 @@ mod tests {
     fn full_active_half_freezes_then_second_full_half_is_rejected() {
         let mut c = WriteCache::new(2 * (100 + ENTRY_OVERHEAD_BYTES) * 2);
         let d = Bytes::from(vec![1u8; 100]);
-        c.put(1, 0, d.clone()).unwrap();
-        c.put(1, 1, d.clone()).unwrap();
+        assert_eq!(c.put(1, 0, d.clone()), Ok(false));
+        assert_eq!(c.put(1, 1, d.clone()), Ok(false));
         assert!(!c.has_frozen());
-        c.put(1, 2, d.clone()).unwrap();
+        assert_eq!(c.put(1, 2, d.clone()), Ok(true), "this put froze a half");
         assert!(c.has_frozen());
-        c.put(1, 3, d.clone()).unwrap();
+        assert_eq!(c.put(1, 3, d.clone()), Ok(false));
         assert_eq!(c.put(1, 4, d.clone()), Err(StorageError::WriteCacheFull));
         // Idempotent re-put of a cached entry is fine even when full.
         c.put(1, 0, d.clone()).unwrap();
