@@ -120,17 +120,31 @@ pub(crate) fn write_checkpoint(
         .map_err(|e| io_err("sync dir", current, e))
 }
 
-/// Writes zeros over `[from, to)` of `f` (no sync), at most `pace` bytes a
-/// second when given.
-fn zero_fill(f: &dyn FsFile, from: u64, to: u64, pace: Option<f64>) -> io::Result<()> {
+/// A rate limit on a zero fill: at most `bytes_per_s`, waiting on `stop`,
+/// whose disconnection (the journal closing) ends the fill with
+/// `ErrorKind::Interrupted`.
+pub(crate) struct FillPace<'a> {
+    pub(crate) bytes_per_s: f64,
+    pub(crate) stop: &'a std::sync::mpsc::Receiver<()>,
+}
+
+/// Writes zeros over `[from, to)` of `f` (no sync), paced when asked.
+fn zero_fill(f: &dyn FsFile, from: u64, to: u64, pace: Option<&FillPace<'_>>) -> io::Result<()> {
     let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
     let started = std::time::Instant::now();
     let mut at = from;
     while at < to {
-        if let Some(rate) = pace.filter(|r| *r > 0.0) {
-            let due = std::time::Duration::from_secs_f64((at - from) as f64 / rate);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                std::thread::sleep(wait);
+        if let Some(p) = pace.filter(|p| p.bytes_per_s > 0.0) {
+            let due = std::time::Duration::from_secs_f64((at - from) as f64 / p.bytes_per_s);
+            while let Some(wait) = due.checked_sub(started.elapsed()).filter(|w| !w.is_zero()) {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Disconnected) =
+                    p.stop.recv_timeout(wait)
+                {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "the journal is closing",
+                    ));
+                }
             }
         }
         let n = (to - at).min(ZERO_FILL_CHUNK_BYTES as u64) as usize;
@@ -179,14 +193,14 @@ pub(crate) fn is_prealloc(path: &Path) -> bool {
         .is_some_and(|n| n.starts_with("prealloc-") && n.ends_with(PREALLOC_SUFFIX))
 }
 
-/// Creates `path` pre-filled with `file_bytes` zeros (written at most `pace`
-/// bytes a second when given), fsynced, its directory fsynced.
+/// Creates `path` pre-filled with `file_bytes` zeros (paced when asked),
+/// fsynced, its directory fsynced.
 pub(crate) fn create_zeroed(
     fs: &SharedFs,
     current: &Path,
     path: &Path,
     file_bytes: u64,
-    pace: Option<f64>,
+    pace: Option<&FillPace<'_>>,
 ) -> Result<(), JournalError> {
     let f = fs
         .open(path, OpenMode::CreateNew)
@@ -279,6 +293,30 @@ pub(crate) fn recycle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::{Fs, RealFs};
+
+    #[test]
+    fn a_paced_fill_stops_when_the_journal_closes_and_a_free_one_fills_it_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = RealFs
+            .open(&dir.path().join("z"), OpenMode::CreateNew)
+            .unwrap();
+        let len = 3 * ZERO_FILL_CHUNK_BYTES as u64;
+        // One byte a second: the first chunk is due at once, then it waits,
+        // and the gone sender (a closed journal) ends the wait.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+        drop(tx);
+        let pace = FillPace {
+            bytes_per_s: 1.0,
+            stop: &rx,
+        };
+        let err = zero_fill(f.as_ref(), 0, len, Some(&pace)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Interrupted);
+        assert_eq!(f.len().unwrap(), ZERO_FILL_CHUNK_BYTES as u64);
+        // Unpaced: the whole range.
+        zero_fill(f.as_ref(), 0, len, None).unwrap();
+        assert_eq!(f.len().unwrap(), len);
+    }
 
     #[test]
     fn file_names_round_trip_and_others_are_ignored() {

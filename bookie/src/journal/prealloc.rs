@@ -15,11 +15,12 @@
 //! goes ([`crate::fs::FsFile::write_out`]): the file is ready long before the
 //! journal needs it, and the journal's syncs on the same disk never wait
 //! behind a 64 MiB burst of zeros (which stalled W2's adds 20–200 ms when
-//! three bookies on one disk rotated together).
+//! three bookies on one disk rotated together). Closing the journal stops a
+//! paced fill at once.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,8 +32,11 @@ pub(crate) const FILL_BYTES_PER_S_MIN: f64 = 16.0 * 1024.0 * 1024.0;
 /// How many times faster than the journal was written the fill goes.
 pub(crate) const FILL_RATE_FACTOR: f64 = 4.0;
 
-/// Makes one pre-filled file if none is ready, at most `pace` bytes a second.
-pub(crate) fn top_up(shared: &Shared, pace: Option<f64>) -> Result<(), JournalError> {
+/// Makes one pre-filled file if none is ready (paced when asked).
+pub(crate) fn top_up(
+    shared: &Shared,
+    pace: Option<&file::FillPace<'_>>,
+) -> Result<(), JournalError> {
     if shared.cfg.spare_files_max == 0 || !lock(&shared.pool).is_empty() {
         return Ok(());
     }
@@ -69,7 +73,16 @@ pub(crate) fn spawn(
                 if shared.failed.load(Ordering::SeqCst) {
                     break;
                 }
-                if let Err(e) = top_up(&shared, Some(pace)) {
+                let pace = file::FillPace {
+                    bytes_per_s: pace,
+                    stop: &wake,
+                };
+                if let Err(e) = top_up(&shared, Some(&pace)) {
+                    // Closing (the fill stopped): the partial file is removed
+                    // at the next open.
+                    if let Err(TryRecvError::Disconnected) = wake.try_recv() {
+                        break;
+                    }
                     tracing::warn!(error = %e, "journal preallocation failed; rotation will create the file");
                 }
             }

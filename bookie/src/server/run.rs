@@ -327,6 +327,8 @@ pub async fn run(
     shutdown.await;
     info!("shutting down: draining");
     core.set_mode(BookieMode::Draining);
+    // A paced checkpoint running now finishes at full speed.
+    core.storage().hurry_flush();
     registrar.deregister().await;
     let _ = stop_tx.send(true);
     // In-flight requests finish (long polls are bounded by long_poll_ms_max);
