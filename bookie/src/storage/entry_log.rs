@@ -220,7 +220,8 @@ impl Pace {
     }
 }
 
-/// The longest single wait of a paced writer (so it notices `hurry` soon).
+/// The longest single wait of a paced writer: it waits in such steps, so it
+/// notices `hurry` soon.
 const PACE_WAIT_MAX: Duration = Duration::from_millis(100);
 
 impl LogWriter {
@@ -301,13 +302,15 @@ impl LogWriter {
         // with the rest at the checkpoint's fdatasync (FsFile::write_out).
         file.write_out(*offset, self.buf.len() as u64)?;
         *offset += self.buf.len() as u64;
-        let wait = self
+        let mut wait = self
             .pace
             .as_mut()
             .and_then(|p| p.after(self.buf.len() as u64));
         self.buf.clear();
-        if let Some(wait) = wait {
-            std::thread::sleep(wait);
+        // In steps of at most PACE_WAIT_MAX, each re-checking `hurry`.
+        while let Some(w) = wait {
+            std::thread::sleep(w);
+            wait = self.pace.as_mut().and_then(|p| p.after(0));
         }
         Ok(())
     }
