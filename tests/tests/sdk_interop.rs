@@ -3,7 +3,8 @@
 //! Rust produces and Python consumes, Python produces and Rust consumes,
 //! with batching and each compression type (NONE, LZ4, ZLIB, ZSTD, SNAPPY);
 //! an SDK producer and consumer through a `kill -9` and restart of the
-//! broker with no acknowledged message lost; `cms-perf` produce and
+//! broker with no acknowledged message lost; grouped acks go out when a
+//! group is full, before a re-subscribe asks for messages, and on close; `cms-perf` produce and
 //! end-to-end runs print their JSON keys; batch receive ends at its message,
 //! byte or time limit.
 
@@ -336,6 +337,98 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
         assert!(v["mean_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
     }
+}
+
+/// The subscription's backlog in the broker's topic stats.
+async fn backlog(broker: &BrokerNode, t: &str, sub: &str) -> i64 {
+    let path = format!(
+        "/admin/v2/persistent/{}/stats",
+        t.trim_start_matches("persistent://")
+    );
+    let (status, stats) = broker.admin_call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{path}: {stats}");
+    stats["subscriptions"][sub]["msgBacklog"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no backlog for {sub}: {stats}"))
+}
+
+/// Polls the backlog until `done` holds (at most 20 s); returns it.
+async fn backlog_until(broker: &BrokerNode, t: &str, sub: &str, done: impl Fn(i64) -> bool) -> i64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let b = backlog(broker, t, sub).await;
+        if done(b) {
+            return b;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "backlog still {b} after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_acks_go_out_when_a_group_is_full_on_resubscribe_and_on_close() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    let client = client(&broker.service_url());
+    let t = topic("ack-groups");
+    // A group time far beyond the test: only size, re-subscribe and close
+    // can send these acks.
+    let mut consumer = client
+        .consumer(&t, "grouped")
+        .sub_type(SubType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_group_time(Duration::from_secs(60))
+        .ack_group_max_size(10)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = client.producer(&t).create().await.unwrap();
+    for i in 0..25 {
+        producer.send(format!("g-{i}")).await.unwrap();
+    }
+    for i in 0..25 {
+        let m = recv(&mut consumer).await;
+        assert_eq!(m.payload.as_ref(), format!("g-{i}").as_bytes());
+        consumer.ack(&m.id).await.unwrap();
+    }
+    // Two full groups of 10 went out; the last 5 acks are still queued.
+    let b = backlog_until(&broker, &t, "grouped", |b| b <= 5).await;
+    assert_eq!(b, 5, "two groups of ten acknowledged, five queued");
+
+    // The topic is unloaded: the consumer re-subscribes and sends its
+    // queued acks before asking for messages, so none of them comes again.
+    broker
+        .admin_ok(
+            reqwest::Method::PUT,
+            &format!(
+                "/admin/v2/persistent/{}/unload",
+                t.trim_start_matches("persistent://")
+            ),
+            None,
+        )
+        .await;
+    backlog_until(&broker, &t, "grouped", |b| b == 0).await;
+    producer.send("after").await.unwrap();
+    let m = recv(&mut consumer).await;
+    assert_eq!(
+        m.payload.as_ref(),
+        b"after",
+        "an acknowledged message came again"
+    );
+    consumer.ack(&m.id).await.unwrap();
+    assert_eq!(
+        backlog(&broker, &t, "grouped").await,
+        1,
+        "the ack is queued"
+    );
+
+    // Close sends the queued ack before it returns.
+    consumer.close().await.unwrap();
+    assert_eq!(backlog(&broker, &t, "grouped").await, 0);
+    producer.close().await.unwrap();
+    client.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -130,6 +130,10 @@ struct Common {
     /// Consumer receiver queue size.
     #[arg(long, default_value_t = 1000)]
     receiver_queue: u32,
+    /// Consumers send their acks in groups at most this many milliseconds
+    /// apart (the SDK's and Pulsar's default, 100; 0 = each ack at once).
+    #[arg(long, default_value_t = 100)]
+    ack_group_ms: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -496,6 +500,7 @@ async fn subscribe_all(client: &Client, a: &Common) -> anyhow::Result<Vec<cms_cl
             .sub_type(sub_type(a.sub_type))
             .initial_position(InitialPosition::Earliest)
             .receiver_queue_size(a.receiver_queue)
+            .ack_group_time(Duration::from_millis(a.ack_group_ms))
             .subscribe()
             .await
             .context("subscribing")?;

@@ -21,6 +21,13 @@
 //! acknowledged once all its messages are. When the connection drops the
 //! consumer re-subscribes with backoff; messages buffered but not yet handed
 //! out are dropped then (the broker redelivers them).
+//!
+//! Acknowledgements are grouped as in Pulsar's clients
+//! ([`ConsumerBuilder::ack_group_time`], default 100 ms / 1,000 acks): one
+//! ACK command carries a group. Queued acks are sent before a re-subscribe's
+//! FLOW (so the broker does not send those messages again) and before a
+//! close; acks queued when the process dies are lost and their messages come
+//! again (at-least-once).
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -54,6 +61,11 @@ struct Options {
     name: Option<String>,
     nack_delay: Duration,
     ack_timeout: Option<Duration>,
+    /// Individual acks are sent in groups: at most this long after the
+    /// first of a group (zero: each at once).
+    ack_group_time: Duration,
+    /// ... or as soon as this many are collected.
+    ack_group_max: usize,
     /// Dead-letter policy: (max redeliveries, DLQ topic).
     dead_letter: Option<(u32, Option<String>)>,
     /// Readers: a non-durable cursor starting at `start`.
@@ -82,6 +94,15 @@ pub mod retry_props {
 /// Pulsar's default for the most reconsumes before the DLQ when retry is
 /// on and no dead-letter policy is set.
 pub const RECONSUME_TIMES_MAX_DEFAULT: u32 = 16;
+
+/// Default of [`ConsumerBuilder::ack_group_time`] (Pulsar's).
+pub const ACK_GROUP_TIME_DEFAULT: Duration = Duration::from_millis(100);
+/// Default of [`ConsumerBuilder::ack_group_max_size`] (Pulsar's).
+pub const ACK_GROUP_MAX_DEFAULT: usize = 1000;
+/// Upper bound of [`ConsumerBuilder::ack_group_max_size`]; also the most
+/// acks kept queued while the consumer is disconnected (older ones are
+/// dropped, so those messages come again).
+pub const ACK_GROUP_MAX_LIMIT: usize = 100_000;
 
 /// Default of [`ConsumerBuilder::max_topics`].
 pub const MAX_TOPICS_DEFAULT: usize = 10_000;
@@ -167,6 +188,8 @@ impl ConsumerBuilder {
                 name: None,
                 nack_delay: Duration::from_secs(1),
                 ack_timeout: None,
+                ack_group_time: ACK_GROUP_TIME_DEFAULT,
+                ack_group_max: ACK_GROUP_MAX_DEFAULT,
                 dead_letter: None,
                 reader: false,
                 retry: None,
@@ -199,6 +222,27 @@ impl ConsumerBuilder {
     /// Delay before a negatively acknowledged message is redelivered (default 1 s).
     pub fn negative_ack_delay(mut self, d: Duration) -> Self {
         self.opts.nack_delay = d;
+        self
+    }
+
+    /// Groups individual acknowledgements (Pulsar's
+    /// `acknowledgmentGroupTime`): [`Consumer::ack`] queues the ack and
+    /// returns, and the queued acks go to the broker in one command at most
+    /// `d` after the first of them, or at once when
+    /// [`ack_group_max_size`](Self::ack_group_max_size) are queued, and
+    /// before the consumer closes or re-subscribes. Default 100 ms, as
+    /// Pulsar's clients; zero sends each ack at once. An ack still queued
+    /// when the process dies is lost, so its message comes again
+    /// (at-least-once); an application that needs each ack on the wire
+    /// before it goes on sets zero.
+    pub fn ack_group_time(mut self, d: Duration) -> Self {
+        self.opts.ack_group_time = d.min(Duration::from_secs(60));
+        self
+    }
+
+    /// Most acks one group holds before it is sent (default 1,000, at least 1).
+    pub fn ack_group_max_size(mut self, n: usize) -> Self {
+        self.opts.ack_group_max = n.clamp(1, ACK_GROUP_MAX_LIMIT);
         self
     }
 
@@ -465,6 +509,7 @@ impl PartProto {
             start: Mutex::new(start),
             last_delivered: Mutex::new(None),
             unacked: Mutex::new(HashMap::new()),
+            pending_acks: Mutex::new(PendingAcks::default()),
         })
     }
 }
@@ -518,6 +563,16 @@ struct Shared {
     /// With an ack timeout: entries handed out and not yet acknowledged,
     /// with when (at most [`UNACKED_TRACKED_MAX`]).
     unacked: Mutex<HashMap<(u64, u64), Instant>>,
+    /// Individual acks queued for the next group.
+    pending_acks: Mutex<PendingAcks>,
+}
+
+/// Acks waiting to be sent together.
+#[derive(Default)]
+struct PendingAcks {
+    ids: Vec<MessageIdData>,
+    /// A flush timer is running for these.
+    timer: bool,
 }
 
 /// Most entries an ack-timeout tracker remembers per partition.
@@ -1049,7 +1104,7 @@ impl Consumer {
 }
 
 /// Individual ack of `id` on `part` (a batch entry once all its messages are).
-async fn ack_part(part: &Shared, id: &MessageId) -> Result<()> {
+async fn ack_part(part: &Arc<Shared>, id: &MessageId) -> Result<()> {
     if id.batch_size > 0 {
         let mut b = lock(&part.batches);
         let key = (id.ledger_id, id.entry_id);
@@ -1064,14 +1119,74 @@ async fn ack_part(part: &Shared, id: &MessageId) -> Result<()> {
         }
     }
     lock(&part.unacked).remove(&(id.ledger_id, id.entry_id));
-    let c = Consumer::conn_of(part)?;
-    c.send_frame(Frame::Command(commands::ack(
-        part.id,
-        AckType::Individual,
-        vec![id.to_data()],
-        None,
-    )))
-    .await
+    if part.opts.ack_group_time.is_zero() {
+        let c = Consumer::conn_of(part)?;
+        return c
+            .send_frame(Frame::Command(commands::ack(
+                part.id,
+                AckType::Individual,
+                vec![id.to_data()],
+                None,
+            )))
+            .await;
+    }
+    if part.closed.load(Ordering::Acquire) {
+        return Err(Error::Closed);
+    }
+    let (full, start_timer) = {
+        let mut p = lock(&part.pending_acks);
+        p.ids.push(id.to_data());
+        let full = p.ids.len() >= part.opts.ack_group_max;
+        let start_timer = !full && !p.timer;
+        p.timer |= start_timer;
+        (full, start_timer)
+    };
+    if full {
+        // A send that fails keeps the group queued for the re-subscribe;
+        // the ack itself is accepted.
+        let _ = flush_acks(part).await;
+    } else if start_timer {
+        let part = part.clone();
+        let wait = part.opts.ack_group_time;
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            lock(&part.pending_acks).timer = false;
+            if let Err(e) = flush_acks(&part).await {
+                tracing::debug!(topic = %part.topic, error = %e, "ack group kept for the re-subscribe");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Sends the queued acks of `part` in one ACK command. When there is no
+/// connection or the send fails they stay queued (the re-subscribe sends
+/// them), at most [`ACK_GROUP_MAX_LIMIT`] of them.
+async fn flush_acks(part: &Shared) -> Result<()> {
+    let ids = std::mem::take(&mut lock(&part.pending_acks).ids);
+    if ids.is_empty() || part.closed.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let sent = match Consumer::conn_of(part) {
+        Ok(c) => {
+            c.send_frame(Frame::Command(commands::ack(
+                part.id,
+                AckType::Individual,
+                ids.clone(),
+                None,
+            )))
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    if sent.is_err() {
+        let mut p = lock(&part.pending_acks);
+        let newer = std::mem::replace(&mut p.ids, ids);
+        p.ids.extend(newer);
+        let over = p.ids.len().saturating_sub(ACK_GROUP_MAX_LIMIT);
+        p.ids.drain(..over);
+    }
+    sent
 }
 
 /// Publishes `m` to the dead-letter topic, then acknowledges it; if the
@@ -1096,6 +1211,9 @@ async fn dead_letter(producer: Producer, part: Arc<Shared>, m: Message) {
 }
 
 async fn close_part(part: &Shared) -> Result<()> {
+    // Queued acks go out before the close (best effort: a failed send
+    // leaves those messages to come again).
+    let _ = flush_acks(part).await;
     part.closed.store(true, Ordering::Release);
     let conn = lock(&part.conn).take();
     if let Some(c) = conn {
@@ -1327,6 +1445,11 @@ impl Shared {
         self.epoch.store(generation, Ordering::Release);
         *lock(&self.conn) = Some(conn.clone());
         lock(&self.batches).clear();
+        // Acks queued across a reconnect reach the broker before FLOW, so it
+        // does not dispatch those messages again.
+        if let Err(e) = flush_acks(&self).await {
+            tracing::debug!(topic = %self.topic, error = %e, "queued acks not sent on re-subscribe");
+        }
         conn.send_frame(Frame::Command(commands::flow(
             self.id,
             self.opts.receiver_queue,
