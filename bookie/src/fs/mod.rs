@@ -72,6 +72,17 @@ pub trait FsFile: Send + Sync + Debug {
         Ok(())
     }
 
+    /// Tells the OS that this handle's reads are random, so it reads exactly
+    /// the bytes asked for and nothing ahead of them
+    /// (`posix_fadvise(POSIX_FADV_RANDOM)` on Linux). The bookie's entry-log
+    /// readers do their own read-ahead; the kernel's own, on top, turns one
+    /// read into large background reads that a journal sync on the same disk
+    /// waits behind (docs/isolation.md). Advice only: a no-op where
+    /// unsupported, and reads return the same bytes either way.
+    fn advise_random(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
 

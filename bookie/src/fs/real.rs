@@ -59,6 +59,17 @@ impl FsFile for RealFile {
         Ok(())
     }
 
+    #[cfg(target_os = "linux")]
+    fn advise_random(&self) -> io::Result<()> {
+        nix::fcntl::posix_fadvise(
+            &self.file,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
+        )
+        .map_err(io::Error::from)
+    }
+
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
@@ -136,6 +147,76 @@ fn with_path(e: io::Error, what: &str, path: &Path) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes this thread has had read from storage (`/proc/thread-self/io`).
+    #[cfg(target_os = "linux")]
+    fn thread_disk_read_bytes() -> Option<u64> {
+        let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+        io.lines()
+            .find_map(|l| l.strip_prefix("read_bytes: "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Drops the file's cached pages (they are clean: written and synced).
+    #[cfg(target_os = "linux")]
+    fn evict(path: &Path) {
+        let f = File::open(path).unwrap();
+        nix::fcntl::posix_fadvise(
+            &f,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_handle_advised_random_reads_from_the_disk_only_the_bytes_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let f = RealFs.open(&path, OpenMode::CreateNew).unwrap();
+        let data: Vec<u8> = (0..16usize << 20).map(|i| (i % 253) as u8).collect();
+        f.write_at(&data, 0).unwrap();
+        f.sync_data().unwrap();
+        drop(f);
+        // 16 reads of 4 KiB one after the other (64 KiB): the bytes the disk
+        // was asked for.
+        const PIECE: usize = 4096;
+        const PIECES: usize = 16;
+        let read_64k = |advise: bool, at: usize| -> Option<u64> {
+            evict(&path);
+            let h = RealFs.open(&path, OpenMode::Read).unwrap();
+            if advise {
+                h.advise_random().unwrap();
+            }
+            let before = thread_disk_read_bytes()?;
+            let mut buf = vec![0u8; PIECE];
+            for i in 0..PIECES {
+                let off = at + i * PIECE;
+                h.read_exact_at(&mut buf, off as u64).unwrap();
+                assert_eq!(buf[..], data[off..off + PIECE]);
+            }
+            Some(thread_disk_read_bytes()? - before)
+        };
+        let (Some(plain), Some(random)) = (read_64k(false, 0), read_64k(true, 8 << 20)) else {
+            eprintln!("skipped: no per-thread I/O accounting here");
+            return;
+        };
+        // The control: without the advice the kernel reads ahead of
+        // sequential reads (tmpfs, or read-ahead turned off, cannot show the
+        // difference).
+        let asked = (PIECE * PIECES) as u64;
+        if plain < 2 * asked {
+            eprintln!("skipped: no read-ahead seen on this file system ({plain} bytes)");
+            return;
+        }
+        assert!(
+            random <= asked + 16 * 1024,
+            "64 KiB read on a handle advised random took {random} bytes from the disk \
+             (without the advice: {plain})"
+        );
+    }
 
     #[test]
     fn write_out_succeeds_over_several_chunks_and_leaves_the_bytes_as_written() {

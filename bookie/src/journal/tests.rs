@@ -743,3 +743,49 @@ async fn after_a_rotation_a_file_is_pre_filled_only_once_the_journal_is_half_way
     assert!(!next.exists(), "the rotation renamed the filled file");
     j.close().unwrap();
 }
+
+/// A group's write runs on with zeros to the end of the page it ends in, and
+/// no further: the kernel then never reads a journal page from the disk to
+/// merge a partial write (a recycled or evicted page), and nothing past that
+/// page is touched. The file's bytes after the header are first set to 0xAB,
+/// as a recycled file's old records would be.
+#[tokio::test]
+async fn a_group_write_runs_with_zeros_to_the_end_of_its_page() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open_with(Arc::new(RealFs), cfg(dir.path())).unwrap();
+    let mark = j.synced_mark();
+    let path = file::file_path(&dir.path().join("current"), mark.file_seq);
+    let len = std::fs::metadata(&path).unwrap().len();
+    let old = vec![0xABu8; (len - mark.offset) as usize];
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&old, mark.offset).unwrap();
+    drop(f);
+    let page = super::writer::PAGE_BYTES;
+    let mut pages_crossed = 0;
+    for i in 0..20 {
+        j.append(entry(i)).await.unwrap();
+        let end = j.synced_mark().offset;
+        let page_end = end.next_multiple_of(page);
+        let bytes = std::fs::read(&path).unwrap();
+        let (end, page_end) = (end as usize, page_end as usize);
+        assert!(
+            bytes[end..page_end].iter().all(|b| *b == 0),
+            "group {i}: the rest of its page is zeros"
+        );
+        assert!(
+            bytes[page_end..page_end + page as usize]
+                .iter()
+                .all(|b| *b == 0xAB),
+            "group {i}: nothing past its page is written"
+        );
+        if end % page as usize == 0 {
+            pages_crossed += 1;
+        }
+    }
+    assert!(pages_crossed >= 2, "the groups filled whole pages too");
+    j.close().unwrap();
+    // What the journal holds replays as written.
+    let seen = replayed(cfg(dir.path())).unwrap();
+    assert_eq!(seen, (0..20).map(entry).collect::<Vec<_>>());
+}

@@ -23,6 +23,9 @@ use crate::fs::FsFile;
 
 type Done = oneshot::Sender<Result<(), JournalError>>;
 
+/// The page size group writes are extended to (zeros to the page's end).
+pub(crate) const PAGE_BYTES: u64 = 4096;
+
 /// The writer's state; lives on its thread.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
@@ -166,7 +169,18 @@ impl Writer {
         }
         record::mark_last_in_group(&mut self.buf, self.last_start);
         let padded = record::align_up(self.buf.len() as u64) as usize;
-        self.buf.resize(padded, 0);
+        // The write goes on with zeros to the end of the page the group ends
+        // in (within the file): it then covers every page it starts whole,
+        // so the kernel never reads a page from the disk to merge a partial
+        // write into it. A recycled or evicted journal page would otherwise
+        // cost a synchronous read per new page, queued behind whatever else
+        // the disk is reading. The next group starts at `write_pos` as
+        // always and overwrites these zeros; zeros past the last group are
+        // what a pre-filled file holds anyway (replay's clean end).
+        let end = self.write_pos + padded as u64;
+        let file_end = self.shared.cfg.file_bytes.max(end);
+        let page_end = end.next_multiple_of(PAGE_BYTES).min(file_end);
+        self.buf.resize((page_end - self.write_pos) as usize, 0);
         let records = self.waiters.len();
         if let Err(e) = self.file.write_at(&self.buf, self.write_pos) {
             return Err(io_err("write", &self.path(), e));

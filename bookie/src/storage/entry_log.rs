@@ -113,18 +113,29 @@ impl LogFiles {
         &self.fs
     }
 
-    /// The file of log `log_id`, opened read-only if not yet open.
+    /// The file of log `log_id` for entry reads, opened read-only if not yet
+    /// open. Shared handles are advised random ([`FsFile::advise_random`]):
+    /// entry reads bring in their own read-ahead, so the kernel reads no more
+    /// than they ask for.
     pub(crate) fn get(&self, log_id: u32) -> io::Result<Arc<dyn FsFile>> {
         if let Some(f) = self.open.read().map_err(poisoned)?.get(&log_id) {
             return Ok(f.clone());
         }
         let file = self.fs.open(&log_path(&self.dir, log_id), OpenMode::Read)?;
+        advise_random(log_id, file.as_ref());
         let mut open = self.open.write().map_err(poisoned)?;
         Ok(open.entry(log_id).or_insert(file).clone())
     }
 
-    /// Registers a file the writer created.
+    /// A handle of its own on log `log_id` for a scan from start to end
+    /// (compaction): not shared, so the kernel's read-ahead serves it.
+    pub(crate) fn open_for_scan(&self, log_id: u32) -> io::Result<Arc<dyn FsFile>> {
+        self.fs.open(&log_path(&self.dir, log_id), OpenMode::Read)
+    }
+
+    /// Registers a file the writer created (entry reads use it too).
     pub(crate) fn insert(&self, log_id: u32, file: Arc<dyn FsFile>) -> io::Result<()> {
+        advise_random(log_id, file.as_ref());
         self.open.write().map_err(poisoned)?.insert(log_id, file);
         Ok(())
     }
@@ -149,6 +160,13 @@ impl LogFiles {
             .collect();
         ids.sort_unstable();
         Ok(ids)
+    }
+}
+
+/// Advice only: a failure is logged and the file is used as it is.
+fn advise_random(log_id: u32, file: &dyn FsFile) {
+    if let Err(e) = file.advise_random() {
+        tracing::debug!(log_id, error = %e, "entry log: random-read advice refused");
     }
 }
 

@@ -190,7 +190,7 @@ impl LedgerStorage {
         let index = self.index()?;
         let file = self
             .files
-            .get(log_id)
+            .open_for_scan(log_id)
             .map_err(|e| io_err(&format!("open entry log {log_id}"), e))?;
         let txn = index.begin_write()?;
         let copied = (|| -> Result<Option<u64>, StorageError> {
