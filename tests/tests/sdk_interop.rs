@@ -4,9 +4,9 @@
 //! with batching and each compression type (NONE, LZ4, ZLIB, ZSTD, SNAPPY);
 //! an SDK producer and consumer through a `kill -9` and restart of the
 //! broker with no acknowledged message lost; grouped acks go out when a
-//! group is full, before a re-subscribe asks for messages, and on close; `cms-perf` produce and
-//! end-to-end runs print their JSON keys; batch receive ends at its message,
-//! byte or time limit.
+//! group is full, before a re-subscribe asks for messages, on close and
+//! after the group time; `cms-perf` produce and end-to-end runs print their
+//! JSON keys; batch receive ends at its message, byte or time limit.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -369,7 +369,8 @@ async fn backlog_until(broker: &BrokerNode, t: &str, sub: &str, done: impl Fn(i6
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grouped_acks_go_out_when_a_group_is_full_on_resubscribe_and_on_close() {
+async fn grouped_acks_go_out_when_a_group_is_full_on_resubscribe_on_close_and_after_the_group_time()
+{
     let broker = BrokerNode::start_standalone(&[]).await;
     let client = client(&broker.service_url());
     let t = topic("ack-groups");
@@ -427,6 +428,23 @@ async fn grouped_acks_go_out_when_a_group_is_full_on_resubscribe_and_on_close() 
     // Close sends the queued ack before it returns.
     consumer.close().await.unwrap();
     assert_eq!(backlog(&broker, &t, "grouped").await, 0);
+
+    // The group time: 26 acks, under the default group size, reach the
+    // broker with no close, re-subscribe or full group.
+    let mut timed = client
+        .consumer(&t, "timed")
+        .sub_type(SubType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_group_time(Duration::from_millis(300))
+        .subscribe()
+        .await
+        .unwrap();
+    for _ in 0..26 {
+        let m = recv(&mut timed).await;
+        timed.ack(&m.id).await.unwrap();
+    }
+    backlog_until(&broker, &t, "timed", |b| b == 0).await;
+    timed.close().await.unwrap();
     producer.close().await.unwrap();
     client.close().await;
 }
