@@ -337,6 +337,59 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
         assert!(v["mean_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
     }
+
+    // `--duration` ends a produce run by time: at 200 msg/s for 1 s about
+    // 200 of the 100,000 messages go out, `msgs` counts them, and the
+    // broker took exactly that many.
+    let t = topic("perf-duration");
+    let run = |mode: &'static str, t: String| {
+        let mut cmd = tokio::process::Command::new(&perf);
+        cmd.args([
+            mode,
+            "--service-url",
+            &url,
+            "--topic",
+            &t,
+            "--messages",
+            "100000",
+            "--rate",
+            "200",
+            "--duration",
+            "1",
+            "--json",
+        ])
+        .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), cmd.output())
+                .await
+                .expect("cms-perf finished in 60 s")
+                .unwrap()
+        }
+    };
+    let out = run("produce", t.clone()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let msgs = v["msgs"].as_u64().unwrap();
+    assert!((100..=202).contains(&msgs), "{v}");
+    assert_eq!(v["duration_s"], 1.0, "{v}");
+    let path = format!(
+        "/admin/v2/persistent/{}/stats",
+        t.trim_start_matches("persistent://")
+    );
+    let (status, stats) = broker.admin_call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["msgInCounter"].as_u64(), Some(msgs), "{stats}");
+    // The consumers of end-to-end wait for --messages, so a time limit is
+    // refused there, with a message that says so.
+    let out = run("end-to-end", topic("perf-duration-e2e")).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--duration"), "{stderr}");
 }
 
 /// The subscription's backlog in the broker's topic stats.

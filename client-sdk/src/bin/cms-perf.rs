@@ -10,6 +10,8 @@
 //! publish latency. How late the pacer released each send is reported as the
 //! `pace_late_*` keys, so a figure can be checked for the tool's own delay.
 //! `--max-pending 1` waits for each receipt before the next send (W1).
+//! `--duration S` (produce) ends the timed phase after S seconds or
+//! `--messages`, whichever comes first (W3 runs for 10 s).
 //! Every sample goes into an HDR histogram (microseconds). `--json` prints
 //! one JSON object with `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`,
 //! `p99_ms`, `p999_ms`, `max_ms`, `mean_ms` (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
@@ -106,6 +108,11 @@ struct Common {
     /// Messages to publish / receive.
     #[arg(long, default_value_t = 10_000)]
     messages: u64,
+    /// `produce` only: stop sending after this many seconds, even if fewer
+    /// than `--messages` went out (`--messages` stays the upper bound);
+    /// `msgs` and the rates count what was sent. 0 = no time limit.
+    #[arg(long, default_value_t = 0.0)]
+    duration: f64,
     /// Messages per second (0 = as fast as receipts allow).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
@@ -288,6 +295,7 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
         latency: histogram(),
         late: histogram(),
         errors: 0,
+        sent: 0,
         elapsed: Duration::ZERO,
     };
     for t in tasks {
@@ -297,6 +305,7 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
             .context("merging histograms")?;
         run.late.add(&one.late).context("merging histograms")?;
         run.errors += one.errors;
+        run.sent += one.sent;
         run.elapsed = run.elapsed.max(one.elapsed);
     }
     pb.finish_and_clear();
@@ -311,6 +320,8 @@ struct Produced {
     /// send (µs); empty in closed loop.
     late: Histogram<u64>,
     errors: u64,
+    /// Messages sent (fewer than asked when `--duration` ended the run).
+    sent: u64,
     /// From the start until the last receipt.
     elapsed: Duration,
 }
@@ -439,7 +450,12 @@ async fn produce_one(
     let base = vec![b'x'; a.size];
     let start = pace.as_ref().map_or_else(Instant::now, |p| p.start);
     let mut late = histogram();
+    let deadline = (a.duration > 0.0).then(|| start + Duration::from_secs_f64(a.duration));
+    let mut sent = 0u64;
     for i in 0..n {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
         let slot = match &window {
             Some(w) => Some(w.clone().acquire_owned().await.context("send window")?),
             None => None,
@@ -464,6 +480,7 @@ async fn produce_one(
         if tx.send((intended, f, slot)).await.is_err() {
             bail!("receipt collector stopped");
         }
+        sent += 1;
     }
     drop(tx);
     producer.flush().await?;
@@ -474,6 +491,7 @@ async fn produce_one(
         latency,
         late,
         errors,
+        sent,
         elapsed,
     })
 }
@@ -608,6 +626,13 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     if let Some(t) = token {
         builder = builder.auth_token(t);
     }
+    let duration_ok =
+        matches!(cli.mode, Mode::Produce(_)) && a.duration.is_finite() && a.duration > 0.0;
+    if a.duration != 0.0 && !duration_ok {
+        bail!(
+            "--duration takes a positive number of seconds and applies to `produce` only (the consumers of `end-to-end` wait for --messages)"
+        );
+    }
     let client = builder.build()?;
     let mut out = Map::new();
     out.insert("mode".into(), json!(mode));
@@ -615,6 +640,9 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     out.insert("size".into(), json!(a.size));
     out.insert("rate".into(), json!(a.rate));
     out.insert("max_pending".into(), json!(a.max_pending));
+    if a.duration > 0.0 {
+        out.insert("duration_s".into(), json!(a.duration));
+    }
     out.insert("batching".into(), json!(a.batching));
     out.insert(
         "compression".into(),
@@ -626,7 +654,7 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     match cli.mode {
         Mode::Produce(_) => {
             let run = produce(&client, a, false).await?;
-            let ok = a.messages - run.errors;
+            let ok = run.sent - run.errors;
             rates(&mut out, ok, ok * a.size as u64, run.elapsed);
             out.insert("errors".into(), json!(run.errors));
             publish_keys(&run, &mut out);
