@@ -267,28 +267,26 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
     }
     let pb = progress(a.messages, "produce");
     let rate = a.rate / f64::from(a.producers);
-    let plans: Vec<(u64, f64)> = (0..a.producers)
-        .map(|p| (share(a.messages, a.producers, p), rate))
-        .collect();
     let start = Instant::now();
+    let firsts = phase_starts(start, a.producers, a.rate);
+    let plans: Vec<(Instant, u64, f64)> = (0..a.producers)
+        .map(|p| (firsts[p as usize], share(a.messages, a.producers, p), rate))
+        .collect();
     let releases = if rate > 0.0 {
-        spawn_pacer(start, plans.clone())?
-            .into_iter()
-            .map(Some)
-            .collect()
+        spawn_pacer(plans.clone())?.into_iter().map(Some).collect()
     } else {
         vec![None; plans.len()]
     };
     let mut tasks = Vec::new();
-    for ((producer, (n, rate)), release) in producers.into_iter().zip(plans).zip(releases) {
+    for ((producer, (first, n, rate)), release) in producers.into_iter().zip(plans).zip(releases) {
         let (a, pb) = (a.clone(), pb.clone());
         let pace = release.map(|r| Pace {
-            start,
+            first,
             rate,
             release: r,
         });
         tasks.push(tokio::spawn(async move {
-            produce_one(producer, &a, n, pace, stamp, pb).await
+            produce_one(producer, &a, start, n, pace, stamp, pb).await
         }));
     }
     let mut run = Produced {
@@ -327,27 +325,45 @@ struct Produced {
 }
 
 /// Open-loop pacing of one producer: message `i` is due at
-/// `start + i / rate`, and the pacer adds one permit to `release` then.
+/// `first + i / rate`, and the pacer adds one permit to `release` then.
 struct Pace {
-    start: Instant,
+    first: Instant,
     rate: f64,
     release: Arc<tokio::sync::Semaphore>,
 }
 
-/// When message `i` of a producer sending at `rate` from `start` is due.
-fn due_at(start: Instant, i: u64, rate: f64) -> Instant {
-    start + Duration::from_secs_f64(i as f64 / rate)
+/// When message `i` of a producer sending at `rate` from `first` is due.
+fn due_at(first: Instant, i: u64, rate: f64) -> Instant {
+    first + Duration::from_secs_f64(i as f64 / rate)
 }
 
-/// Starts the pacer thread for producers with the given (messages, rate)
-/// plans, all starting at `start`. It keeps one heap slot per producer, so
+/// When each of `producers` open-loop producers sends its first message,
+/// for `total_rate` messages per second over all of them: producer `p`
+/// starts `p / total_rate` after `start`, so the producers' sends
+/// interleave evenly. (All starting at once would send the run's rate as
+/// one burst of `producers` messages every `producers / total_rate`
+/// seconds: with W4's 10,000 producers at 2,000 msg/s in total, 10,000
+/// sends every 5 s.) Closed loop (`total_rate` 0): all at `start`.
+fn phase_starts(start: Instant, producers: u32, total_rate: f64) -> Vec<Instant> {
+    (0..producers)
+        .map(|p| {
+            if total_rate > 0.0 {
+                start + Duration::from_secs_f64(f64::from(p) / total_rate)
+            } else {
+                start
+            }
+        })
+        .collect()
+}
+
+/// Starts the pacer thread for producers with the given (first due time,
+/// messages, rate) plans. It keeps one heap slot per producer, so
 /// it needs no queue of pending releases: a producer that falls behind
 /// finds its permits waiting (and their lateness counts, as it should).
 /// It stops after the last release, or skips a producer whose semaphore
 /// nobody else holds any more (its task ended early).
 fn spawn_pacer(
-    start: Instant,
-    plans: Vec<(u64, f64)>,
+    plans: Vec<(Instant, u64, f64)>,
 ) -> anyhow::Result<Vec<Arc<tokio::sync::Semaphore>>> {
     use std::cmp::Reverse;
     let releases: Vec<_> = plans
@@ -357,8 +373,8 @@ fn spawn_pacer(
     let mut heap: std::collections::BinaryHeap<Reverse<(Instant, usize, u64)>> = plans
         .iter()
         .enumerate()
-        .filter(|(_, (n, rate))| *n > 0 && *rate > 0.0)
-        .map(|(p, _)| Reverse((start, p, 0)))
+        .filter(|(_, (_, n, rate))| *n > 0 && *rate > 0.0)
+        .map(|(p, (first, _, _))| Reverse((*first, p, 0)))
         .collect();
     let mine = releases.clone();
     std::thread::Builder::new()
@@ -380,9 +396,9 @@ fn spawn_pacer(
                     std::thread::sleep(at - now);
                 }
                 mine[p].add_permits(1);
-                let (n, rate) = plans[p];
+                let (first, n, rate) = plans[p];
                 if i + 1 < n {
-                    heap.push(Reverse((due_at(start, i + 1, rate), p, i + 1)));
+                    heap.push(Reverse((due_at(first, i + 1, rate), p, i + 1)));
                 }
             }
         })
@@ -409,10 +425,12 @@ async fn create_producer(
 }
 
 /// One producer: `n` messages, released by `pace` (open loop) or as fast
-/// as the `max_pending` window allows.
+/// as the `max_pending` window allows; `start` is the run's (for its
+/// elapsed time and `--duration`).
 async fn produce_one(
     producer: cms_client::Producer,
     a: &Common,
+    start: Instant,
     n: u64,
     pace: Option<Pace>,
     stamp: bool,
@@ -448,7 +466,6 @@ async fn produce_one(
         (h, errors)
     });
     let base = vec![b'x'; a.size];
-    let start = pace.as_ref().map_or_else(Instant::now, |p| p.start);
     let mut late = histogram();
     let deadline = (a.duration > 0.0).then(|| start + Duration::from_secs_f64(a.duration));
     let mut sent = 0u64;
@@ -463,7 +480,7 @@ async fn produce_one(
         let intended = match &pace {
             Some(p) => {
                 p.release.acquire().await.context("pacer")?.forget();
-                let due = due_at(p.start, i, p.rate);
+                let due = due_at(p.first, i, p.rate);
                 let _ = late.record((due.elapsed().as_micros() as u64).max(1));
                 due
             }
@@ -718,18 +735,22 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_pacer_releases_each_send_once_and_never_early() {
         let start = Instant::now();
-        let plans = vec![(40, 2_000.0), (25, 1_000.0), (10, 500.0)];
-        let releases = spawn_pacer(start, plans.clone()).unwrap();
+        let plans = vec![
+            (start, 40, 2_000.0),
+            (start + Duration::from_millis(3), 25, 1_000.0),
+            (start, 10, 500.0),
+        ];
+        let releases = spawn_pacer(plans.clone()).unwrap();
         let mut releases = releases.into_iter();
         let first = releases.next().unwrap();
         let second = releases.next().unwrap();
         drop(releases); // the third producer is gone before it starts
         let mut tasks = Vec::new();
-        for ((n, rate), release) in plans.into_iter().zip([first, second]) {
+        for ((from, n, rate), release) in plans.into_iter().zip([first, second]) {
             tasks.push(tokio::spawn(async move {
                 for i in 0..n {
                     release.acquire().await.unwrap().forget();
-                    let due = due_at(start, i, rate);
+                    let due = due_at(from, i, rate);
                     assert!(Instant::now() >= due, "message {i} released early");
                 }
                 // Nothing beyond the plan arrives (the pacer has stopped
@@ -740,6 +761,28 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
+    }
+
+    /// Open-loop producers start one total-rate interval apart, so the
+    /// run's sends are evenly spaced instead of one burst per round.
+    #[test]
+    fn open_loop_producers_start_evenly_spread_over_one_interval() {
+        let start = Instant::now();
+        let firsts = phase_starts(start, 4, 400.0);
+        let offsets: Vec<u128> = firsts.iter().map(|t| (*t - start).as_micros()).collect();
+        assert_eq!(offsets, vec![0, 2_500, 5_000, 7_500]);
+        // All sends of all producers (each at 100 msg/s) in the first
+        // second: 400, one every 2.5 ms.
+        let mut dues: Vec<u128> = firsts
+            .iter()
+            .flat_map(|f| (0..100).map(move |i| (due_at(*f, i, 100.0) - start).as_micros()))
+            .collect();
+        dues.sort_unstable();
+        for (k, w) in dues.windows(2).enumerate() {
+            assert_eq!(w[1] - w[0], 2_500, "sends {k} and {}", k + 1);
+        }
+        // Closed loop: everyone at the start.
+        assert!(phase_starts(start, 3, 0.0).iter().all(|t| *t == start));
     }
 
     #[test]
