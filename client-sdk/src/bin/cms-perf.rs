@@ -19,7 +19,9 @@
 //!
 //! Scale: `--topics N` uses topics `<topic>-0` .. `<topic>-(N-1)` (just
 //! `<topic>` when N is 1), `--producers P` spreads producers over them
-//! round robin (the messages and the rate are split among producers),
+//! round robin (the messages and the rate are split among producers, and
+//! in open loop producer `p` starts `p / rate` after the first, so the
+//! run's sends are evenly spaced rather than one burst per producer round),
 //! `--consumers C` does the same for consumers (each consumer takes its
 //! topics with one multi-topic consumer; more consumers than topics need a
 //! non-exclusive `--sub-type`). Histograms are merged, so the JSON keys are
