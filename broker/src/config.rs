@@ -92,6 +92,14 @@ pub struct BrokerConfig {
     /// `bookkeeperEnableStickyReads`). Another replica takes over on errors.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub sticky_reads: bool,
+    /// An idle ledger's writer sends its LAC to the bookies after this many
+    /// milliseconds, for readers in other processes that tail an open
+    /// ledger (Pulsar's `bookkeeperExplicitLacIntervalInMills`; 0 = never,
+    /// the default there and here: the broker reads its own open ledgers
+    /// up to the LAC its writer knows). Each one costs a `WriteLac` call
+    /// per bookie per idle ledger (BENCHMARKS.md, W4).
+    #[arg(long, default_value_t = 0)]
+    pub explicit_lac_interval_ms: u64,
 
     /// Largest message (metadata + payload) accepted, in bytes; told to
     /// clients in CONNECTED, capped there by what one ledger entry holds (a

@@ -293,13 +293,18 @@ pub async fn run(
     let http_url_tls = addr_of(&https_listener)?
         .map(|a| format!("https://{}:{}", config.advertised_host(a), a.port()));
 
+    let defaults = ledger_client_options();
     let client_options = LedgerClientOptions {
         sticky_reads: config.sticky_reads,
+        writer: cms_bookie::client::writer::WriterConfig {
+            explicit_lac_interval_ms: config.explicit_lac_interval_ms,
+            ..defaults.writer.clone()
+        },
         metrics: Some(
             cms_bookie::client::driver::metrics::ClientMetrics::new(&registry)
                 .map_err(|e| BrokerError::Io(e.to_string()))?,
         ),
-        ..ledger_client_options()
+        ..defaults
     };
     let client = LedgerClient::connect(store.clone(), layout.clone(), client_options)
         .await

@@ -191,6 +191,72 @@ async fn appends_across_rollovers_read_back_in_order_from_cache_and_bookies() {
     ml.close().await.unwrap();
 }
 
+/// With explicit LAC off (the broker's default), the last entries of the
+/// managed ledger's own open ledger are read from the bookies at once: the
+/// bookies' LAC lags the last entry by one (it rides on the next add), so
+/// the reader takes the LAC its writer knows. Before that, such a read
+/// waited for the explicit LAC, and without one it failed `NotReadable`
+/// after 10 tries of 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_own_open_ledger_reads_to_its_last_entry_without_an_explicit_lac() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let store = init_store(&zk.connect_string()).await;
+    let layout = cms_bookie::metadata::layout::Layout::new(cms_tests::cluster::ROOT).unwrap();
+    let defaults = cms_broker::service::ledger_client_options();
+    let options = cms_bookie::client::driver::LedgerClientOptions {
+        writer: cms_bookie::client::writer::WriterConfig {
+            explicit_lac_interval_ms: 0,
+            ..defaults.writer.clone()
+        },
+        ..defaults
+    };
+    let client =
+        cms_bookie::client::driver::LedgerClient::connect(store.clone(), layout.clone(), options)
+            .await
+            .unwrap();
+    // No cache: every read goes to the bookies; one ledger, still open.
+    let ml = ManagedLedger::open(
+        client,
+        store,
+        &layout,
+        "t/ns/no-explicit-lac",
+        config(1_000),
+        EntryCache::new(0),
+    )
+    .await
+    .unwrap();
+    let positions = append_n(&ml, 0, 5).await;
+    assert!(
+        positions
+            .iter()
+            .all(|p| p.ledger_id == positions[0].ledger_id)
+    );
+    // Without the writer's LAC this read waits 500 ms per try for a LAC
+    // that never comes and fails after 10 tries; 3 s bounds it.
+    let entries = tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        ml.read(Position::new(0, 0), 100),
+    )
+    .await
+    .expect("the read did not wait for an explicit LAC")
+    .unwrap();
+    assert_eq!(entries.len(), 5);
+    assert_eq!(entries[4].position, positions[4]);
+    assert_eq!(entries[4].payload.as_ref(), payload(4).as_slice());
+    // The next append is readable at once too.
+    let p = ml
+        .append_pipelined(payload(5))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let entries = ml.read(p, 10).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].payload.as_ref(), payload(5).as_slice());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catch_up_reads_of_large_entries_fetch_each_entry_once() {
     let zk = zk().await;

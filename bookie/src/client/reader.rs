@@ -120,6 +120,13 @@ impl Reader {
         }
     }
 
+    /// Learns the LAC from this ledger's writer in the same process: the
+    /// entries it saw acknowledged by an ack quorum (what an explicit LAC
+    /// from the bookies would carry, without waiting for one).
+    pub fn observe_writer_lac(&mut self, lac: EntryId) {
+        self.lac = self.lac.max(lac);
+    }
+
     /// Learns the LAC piggybacked on an entry this reader decoded.
     pub fn observe_entry(&mut self, entry: &Entry) {
         if entry.header.ledger_id == self.ledger_id {
@@ -355,6 +362,20 @@ mod tests {
         r.bookie_failed("b2");
         let mut rd = r.read(1).unwrap();
         assert_eq!(rd.start(), ReadStep::Send("b3".into()));
+    }
+
+    /// The writer's LAC makes entries readable at once and never moves the
+    /// LAC back.
+    #[test]
+    fn the_writer_lac_makes_entries_readable_and_never_lowers_the_lac() {
+        let mut r = Reader::new(md()).unwrap();
+        assert!(matches!(r.read(2), Err(ReadError::PastEnd { .. })));
+        r.observe_writer_lac(2);
+        assert_eq!(r.last_readable(), 2);
+        assert!(r.read(2).is_ok());
+        r.observe_writer_lac(1);
+        r.observe_lac_answer(Some(&entry(2, 0)), None);
+        assert_eq!(r.last_readable(), 2);
     }
 
     fn order(r: &Reader, entry_id: EntryId) -> Vec<BookieId> {

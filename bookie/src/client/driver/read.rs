@@ -105,6 +105,12 @@ impl ReadHandle {
         lock(&self.state).reader.last_readable()
     }
 
+    /// Learns the LAC from this ledger's writer in this process (see
+    /// [`crate::client::reader::Reader::observe_writer_lac`]).
+    pub fn observe_writer_lac(&self, lac: EntryId) {
+        lock(&self.state).reader.observe_writer_lac(lac);
+    }
+
     /// Re-reads the metadata (new segments, a close).
     pub async fn refresh_metadata(&self) -> Result<(), LedgerError> {
         let (md, _) = self.inner.read_metadata(self.ledger_id).await?;

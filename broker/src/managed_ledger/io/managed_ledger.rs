@@ -550,6 +550,13 @@ impl Shared {
         last: i64,
     ) -> Result<Vec<Entry>, MlError> {
         let h = self.reader(ledger_id).await?;
+        // This broker's own open ledger: what its writer saw acknowledged is
+        // readable now, with no explicit LAC from the bookies (off by
+        // default, as in BookKeeper: `explicit_lac_interval_ms`).
+        let confirmed = self.core().list.last_confirmed_position();
+        if confirmed.ledger_id == ledger_id {
+            h.observe_writer_lac(confirmed.entry_id);
+        }
         let mut tries = 0;
         while h.last_readable() < last {
             let lr = h.read_lac().await.map_err(MlError::Ledger)?;
