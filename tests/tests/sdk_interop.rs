@@ -271,6 +271,7 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let url = broker.service_url();
     let perf = cms_tests::harness::bins::find("cms-perf").unwrap();
+    let dir = tempfile::tempdir().unwrap();
     for (mode, extra) in [
         ("produce", vec!["--max-pending", "1"]),
         (
@@ -280,6 +281,7 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
         ("end-to-end", vec!["--rate", "1000", "--max-pending", "100"]),
     ] {
         let t = topic(&format!("perf-{mode}"));
+        let hist_path = dir.path().join(format!("{mode}-{}.json", extra.len()));
         let mut cmd = tokio::process::Command::new(&perf);
         cmd.args([
             mode,
@@ -294,6 +296,8 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             "--json",
         ])
         .args(&extra)
+        .arg("--histogram-out")
+        .arg(&hist_path)
         .kill_on_drop(true);
         let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
             .await
@@ -336,6 +340,25 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
         assert!(v["msg_per_s"].as_f64().unwrap() > 0.0);
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
         assert!(v["mean_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
+        // `--histogram-out`: every sample in the buckets, the largest
+        // bucket at the reported max.
+        let h: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&hist_path).unwrap()).unwrap();
+        assert_eq!(h["unit"], "us");
+        let hists: &[(&str, &str)] = if mode == "end-to-end" {
+            &[("publish", ""), ("e2e", "e2e_")]
+        } else {
+            &[("publish", "")]
+        };
+        for (name, prefix) in hists {
+            let pairs = h[*name]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name} in {h}"));
+            let count: u64 = pairs.iter().map(|p| p[1].as_u64().unwrap()).sum();
+            assert_eq!(count, 500, "{mode} {name}");
+            let top_ms = pairs.last().unwrap()[0].as_f64().unwrap() / 1000.0;
+            assert_eq!(top_ms, v[format!("{prefix}max_ms")].as_f64().unwrap());
+        }
     }
 
     // `--duration` ends a produce run by time: at 200 msg/s for 1 s about

@@ -16,6 +16,8 @@
 //! one JSON object with `msgs`, `msg_per_s`, `mib_per_s`, `p50_ms`,
 //! `p99_ms`, `p999_ms`, `max_ms`, `mean_ms` (publish latency) and, for `end-to-end` and `consume`, the `e2e_*` keys
 //! (publish to receive). A progress bar is drawn only on a terminal.
+//! `--histogram-out FILE` also writes the histograms' buckets, so several
+//! runs can be pooled into one histogram.
 //!
 //! Scale: `--topics N` uses topics `<topic>-0` .. `<topic>-(N-1)` (just
 //! `<topic>` when N is 1), `--producers P` spreads producers over them
@@ -143,6 +145,12 @@ struct Common {
     /// apart (the SDK's and Pulsar's default, 100; 0 = each ack at once).
     #[arg(long, default_value_t = 100)]
     ack_group_ms: u64,
+    /// Also write the run's latency histograms to this file: one JSON
+    /// object with `unit` ("us") and, per histogram (`publish`, `e2e`),
+    /// its recorded buckets as `[value_us, count]` pairs, so runs can be
+    /// pooled exactly (scripts/bench-w5 pools its rounds this way).
+    #[arg(long)]
+    histogram_out: Option<std::path::PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -206,6 +214,21 @@ fn publish_keys(run: &Produced, out: &mut Map<String, Value>) {
     if !run.late.is_empty() {
         latency_keys("pace_late_", &run.late, out);
     }
+}
+
+/// A histogram's recorded buckets as `[value_us, count]` pairs (each
+/// bucket named by the highest value it holds), in value order.
+fn buckets(h: &Histogram<u64>) -> Value {
+    let pairs: Vec<Value> = h
+        .iter_recorded()
+        .map(|v| {
+            json!([
+                h.highest_equivalent(v.value_iterated_to()),
+                v.count_at_value()
+            ])
+        })
+        .collect();
+    Value::Array(pairs)
 }
 
 fn progress(n: u64, what: &str) -> ProgressBar {
@@ -670,9 +693,12 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     out.insert("producers".into(), json!(a.producers));
     out.insert("consumers".into(), json!(a.consumers));
     out.insert("topics".into(), json!(a.topics));
+    let mut hists = Map::new();
+    hists.insert("unit".into(), json!("us"));
     match cli.mode {
         Mode::Produce(_) => {
             let run = produce(&client, a, false).await?;
+            hists.insert("publish".into(), buckets(&run.latency));
             let ok = run.sent - run.errors;
             rates(&mut out, ok, ok * a.size as u64, run.elapsed);
             out.insert("errors".into(), json!(run.errors));
@@ -681,6 +707,7 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
         Mode::Consume(_) => {
             let consumers = subscribe_all(&client, a).await?;
             let (e2e, elapsed, bytes) = consume(consumers, a.messages, false).await?;
+            hists.insert("e2e".into(), buckets(&e2e));
             rates(&mut out, a.messages, bytes, elapsed);
             latency_keys("e2e_", &e2e, &mut out);
         }
@@ -701,6 +728,8 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
                 );
             }
             let (e2e, _, _) = receiver.await??;
+            hists.insert("publish".into(), buckets(&run.latency));
+            hists.insert("e2e".into(), buckets(&e2e));
             rates(&mut out, n, n * a.size as u64, run.elapsed);
             out.insert("errors".into(), json!(run.errors));
             publish_keys(&run, &mut out);
@@ -708,6 +737,10 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
         }
     }
     client.close().await;
+    if let Some(path) = &a.histogram_out {
+        std::fs::write(path, Value::Object(hists).to_string())
+            .with_context(|| format!("writing --histogram-out {}", path.display()))?;
+    }
     Ok(out)
 }
 
@@ -785,6 +818,31 @@ mod tests {
         }
         // Closed loop: everyone at the start.
         assert!(phase_starts(start, 3, 0.0).iter().all(|t| *t == start));
+    }
+
+    /// The buckets written by `--histogram-out` rebuild the histogram:
+    /// the same count and the same percentiles, so pooled runs are exact.
+    #[test]
+    fn histogram_buckets_rebuild_the_same_percentiles() {
+        let mut h = histogram();
+        for v in (1..=5_000u64).map(|i| i * 7 % 9_973 + 100) {
+            h.record(v).unwrap();
+        }
+        h.record_n(250_000, 3).unwrap();
+        let Value::Array(pairs) = buckets(&h) else {
+            panic!("buckets are an array")
+        };
+        let mut back = histogram();
+        for p in &pairs {
+            let (v, n) = (p[0].as_u64().unwrap(), p[1].as_u64().unwrap());
+            back.record_n(v, n).unwrap();
+        }
+        assert_eq!(back.len(), h.len());
+        for q in [0.5, 0.9, 0.99, 0.999, 1.0] {
+            assert_eq!(back.value_at_quantile(q), h.value_at_quantile(q), "q {q}");
+        }
+        let values: Vec<u64> = pairs.iter().map(|p| p[0].as_u64().unwrap()).collect();
+        assert!(values.windows(2).all(|w| w[0] < w[1]), "in value order");
     }
 
     #[test]
