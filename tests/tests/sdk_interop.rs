@@ -15,6 +15,7 @@ use cms_client::{
     BatchReceivePolicy, Client, CompressionType, InitialPosition, ProducerMessage, SubType,
 };
 use cms_tests::cluster::{BrokerNode, run_python};
+use cms_tests::harness::perf;
 
 /// Bound on one Python script run, in milliseconds.
 const PY_TIMEOUT_MS: u64 = 60_000;
@@ -270,7 +271,6 @@ async fn sdk_survives_broker_kill_and_restart_without_losing_acked_messages() {
 async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let url = broker.service_url();
-    let perf = cms_tests::harness::bins::find("cms-perf").unwrap();
     let dir = tempfile::tempdir().unwrap();
     for (mode, extra) in [
         ("produce", vec!["--max-pending", "1"]),
@@ -282,8 +282,8 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
     ] {
         let t = topic(&format!("perf-{mode}"));
         let hist_path = dir.path().join(format!("{mode}-{}.json", extra.len()));
-        let mut cmd = tokio::process::Command::new(&perf);
-        cmd.args([
+        let hist = hist_path.to_str().unwrap();
+        let mut args = vec![
             mode,
             "--service-url",
             &url,
@@ -293,23 +293,11 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             "256",
             "--messages",
             "500",
-            "--json",
-        ])
-        .args(&extra)
-        .arg("--histogram-out")
-        .arg(&hist_path)
-        .kill_on_drop(true);
-        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-            .await
-            .expect("cms-perf finished in 60 s")
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{mode} {extra:?}: {stdout} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+            "--histogram-out",
+            hist,
+        ];
+        args.extend(&extra);
+        let v = perf::json(&args, Duration::from_secs(60)).await;
         let mut keys = vec![
             "msgs",
             "msg_per_s",
@@ -365,38 +353,26 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
     // 200 of the 100,000 messages go out, `msgs` counts them, and the
     // broker took exactly that many.
     let t = topic("perf-duration");
-    let run = |mode: &'static str, t: String| {
-        let mut cmd = tokio::process::Command::new(&perf);
-        cmd.args([
+    let args = |mode: &'static str, t: &str| -> Vec<String> {
+        [
             mode,
             "--service-url",
             &url,
             "--topic",
-            &t,
+            t,
             "--messages",
             "100000",
             "--rate",
             "200",
             "--duration",
             "1",
-            "--json",
-        ])
-        .kill_on_drop(true);
-        async move {
-            tokio::time::timeout(Duration::from_secs(60), cmd.output())
-                .await
-                .expect("cms-perf finished in 60 s")
-                .unwrap()
-        }
+        ]
+        .map(String::from)
+        .to_vec()
     };
-    let out = run("produce", t.clone()).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let a = args("produce", &t);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let v = perf::json(&a, Duration::from_secs(60)).await;
     let msgs = v["msgs"].as_u64().unwrap();
     assert!((100..=202).contains(&msgs), "{v}");
     assert_eq!(v["duration_s"], 1.0, "{v}");
@@ -409,7 +385,9 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
     assert_eq!(stats["msgInCounter"].as_u64(), Some(msgs), "{stats}");
     // The consumers of end-to-end wait for --messages, so a time limit is
     // refused there, with a message that says so.
-    let out = run("end-to-end", topic("perf-duration-e2e")).await;
+    let a = args("end-to-end", &topic("perf-duration-e2e"));
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = perf::run(&a, Duration::from_secs(60)).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--duration"), "{stderr}");

@@ -237,40 +237,29 @@ async fn reconsume_later_retries_twice_with_delays_then_dead_letters() {
 async fn cms_perf_with_three_topics_producers_and_consumers_prints_its_json_keys() {
     let broker = BrokerNode::start_standalone(&[]).await;
     let url = broker.service_url();
-    let perf = cms_tests::harness::bins::find("cms-perf").unwrap();
     let t = topic("perf");
-    let mut cmd = tokio::process::Command::new(&perf);
-    cmd.args([
-        "end-to-end",
-        "--service-url",
-        &url,
-        "--topic",
-        &t,
-        "--size",
-        "128",
-        "--messages",
-        "900",
-        "--topics",
-        "3",
-        "--producers",
-        "3",
-        "--consumers",
-        "3",
-        "--batching",
-        "--json",
-    ])
-    .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
-        .await
-        .expect("cms-perf finished in 90 s")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let v = cms_tests::harness::perf::json(
+        &[
+            "end-to-end",
+            "--service-url",
+            &url,
+            "--topic",
+            &t,
+            "--size",
+            "128",
+            "--messages",
+            "900",
+            "--topics",
+            "3",
+            "--producers",
+            "3",
+            "--consumers",
+            "3",
+            "--batching",
+        ],
+        Duration::from_secs(90),
+    )
+    .await;
     for k in [
         "msgs",
         "msg_per_s",

@@ -1120,15 +1120,7 @@ async fn ack_part(part: &Arc<Shared>, id: &MessageId) -> Result<()> {
     }
     lock(&part.unacked).remove(&(id.ledger_id, id.entry_id));
     if part.opts.ack_group_time.is_zero() {
-        let c = Consumer::conn_of(part)?;
-        return c
-            .send_frame(Frame::Command(commands::ack(
-                part.id,
-                AckType::Individual,
-                vec![id.to_data()],
-                None,
-            )))
-            .await;
+        return send_individual_acks(part, vec![id.to_data()]).await;
     }
     if part.closed.load(Ordering::Acquire) {
         return Err(Error::Closed);
@@ -1167,18 +1159,7 @@ async fn flush_acks(part: &Shared) -> Result<()> {
     if ids.is_empty() || part.closed.load(Ordering::Acquire) {
         return Ok(());
     }
-    let sent = match Consumer::conn_of(part) {
-        Ok(c) => {
-            c.send_frame(Frame::Command(commands::ack(
-                part.id,
-                AckType::Individual,
-                ids.clone(),
-                None,
-            )))
-            .await
-        }
-        Err(e) => Err(e),
-    };
+    let sent = send_individual_acks(part, ids.clone()).await;
     if sent.is_err() {
         let mut p = lock(&part.pending_acks);
         let newer = std::mem::replace(&mut p.ids, ids);
@@ -1187,6 +1168,18 @@ async fn flush_acks(part: &Shared) -> Result<()> {
         p.ids.drain(..over);
     }
     sent
+}
+
+/// One ACK command (individual) of `ids` on `part`'s current connection.
+async fn send_individual_acks(part: &Shared, ids: Vec<MessageIdData>) -> Result<()> {
+    Consumer::conn_of(part)?
+        .send_frame(Frame::Command(commands::ack(
+            part.id,
+            AckType::Individual,
+            ids,
+            None,
+        )))
+        .await
 }
 
 /// Publishes `m` to the dead-letter topic, then acknowledges it; if the

@@ -36,6 +36,7 @@
 pub mod bins;
 pub mod http;
 pub mod netns;
+pub mod perf;
 pub mod ports;
 pub mod process;
 pub mod wait;
