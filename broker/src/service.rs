@@ -446,6 +446,11 @@ pub async fn run(
         state.shutdown_signal(),
     ));
 
+    tokio::spawn(crate::metrics::run_lag_probe(
+        state.metrics.runtime_lag.clone(),
+        state.shutdown_signal(),
+    ));
+
     let mut stop_http = state.shutdown_signal();
     let router = crate::http::router(state.clone());
     let http = tokio::spawn(async move {

@@ -245,28 +245,14 @@ async fn corrupt_entry_logs_and_a_torn_journal_are_detected_and_served_from_repl
     w.wait_for_acks(1_500, 120_000).await;
     finish_and_check("P0-8 before the corruption", &mut w, &c, &[]).await;
 
-    // b1 stops cleanly (its write cache flushed to the entry logs), then is
-    // damaged on disk.
-    w.fault("b1 stopped; journal torn; entry log bytes flipped");
-    c.bookies[0].process.stop().await;
-    let dir = c.bookies[0].process.dir().to_path_buf();
-    let torn = tear_journal_tail(&dir.join("journal"));
-    let flipped = flip_entry_log_bytes(&dir.join("ledgers"));
-    println!("P0-8: torn {torn:?}, flipped bytes in {flipped} entry log(s)");
-    assert!(
-        flipped > 0,
-        "no entry log file to corrupt under {}",
-        dir.display()
-    );
-    c.bookies[0].process.restart().await;
-    c.bookies[0].wait_ready().await;
-
-    // Read b1 directly: every entry of its write sets is intact or an error.
+    // The victim: the bookie whose write sets hold the most acked entries.
+    // Ensembles are placed at random, 3 of 4 bookies, so any given bookie
+    // may hold none of them.
     let client = ledger_client(&c.zk.connect_string(), ledger_client_options()).await;
-    let b1 = c.bookies[0].client().await;
-    let (mut ok, mut detected, mut absent) = (0, 0, Vec::new());
     let mut mds = std::collections::HashMap::new();
-    for (ledger, entry) in w.acked_entries() {
+    let mut held = vec![0usize; c.bookies.len()];
+    let acked = w.acked_entries();
+    for &(ledger, entry) in &acked {
         if let std::collections::hash_map::Entry::Vacant(slot) = mds.entry(ledger) {
             let md = client
                 .ledger_metadata(ledger)
@@ -276,17 +262,53 @@ async fn corrupt_entry_logs_and_a_torn_journal_are_detected_and_served_from_repl
         }
         let md = &mds[&ledger];
         let spec = quorum_spec(md).unwrap_or_else(|e| panic!("{e}"));
-        if !write_set_bookies(md, &spec, entry as i64).contains(&c.bookies[0].id) {
+        let set = write_set_bookies(md, &spec, entry as i64);
+        for (i, b) in c.bookies.iter().enumerate() {
+            held[i] += usize::from(set.contains(&b.id));
+        }
+    }
+    let v = (0..held.len()).max_by_key(|i| held[*i]).unwrap();
+    let vid = c.bookies[v].id.clone();
+    assert!(held[v] > 0, "no bookie holds an acked entry: {held:?}");
+
+    // It stops cleanly (its write cache flushed to the entry logs), then is
+    // damaged on disk.
+    w.fault(format!(
+        "{vid} stopped; journal torn; entry log bytes flipped"
+    ));
+    c.bookies[v].process.stop().await;
+    let dir = c.bookies[v].process.dir().to_path_buf();
+    let torn = tear_journal_tail(&dir.join("journal"));
+    let flipped = flip_entry_log_bytes(&dir.join("ledgers"));
+    println!(
+        "P0-8: {vid} holds {} acked entries; torn {torn:?}, flipped bytes in {flipped} entry log(s)",
+        held[v]
+    );
+    assert!(
+        flipped > 0,
+        "no entry log file to corrupt under {}",
+        dir.display()
+    );
+    c.bookies[v].process.restart().await;
+    c.bookies[v].wait_ready().await;
+
+    // Read it directly: every entry of its write sets is intact or an error.
+    let bc = c.bookies[v].client().await;
+    let (mut ok, mut detected, mut absent) = (0, 0, Vec::new());
+    for &(ledger, entry) in &acked {
+        let md = &mds[&ledger];
+        let spec = quorum_spec(md).unwrap_or_else(|e| panic!("{e}"));
+        if !write_set_bookies(md, &spec, entry as i64).contains(&vid) {
             continue;
         }
-        let r = b1
+        let r = bc
             .read(ledger, entry as i64, None, "fault-suite")
             .await
-            .unwrap_or_else(|e| panic!("reading {ledger}/{entry} from b1: {e}"));
+            .unwrap_or_else(|e| panic!("reading {ledger}/{entry} from {vid}: {e}"));
         match read_status(&r) {
             StatusCode::Ok => {
                 Entry::decode_expected(r.body, ledger, entry as i64).unwrap_or_else(|e| {
-                    panic!("b1 served {ledger}/{entry} as OK but it does not verify: {e}")
+                    panic!("{vid} served {ledger}/{entry} as OK but it does not verify: {e}")
                 });
                 ok += 1;
             }
@@ -294,10 +316,10 @@ async fn corrupt_entry_logs_and_a_torn_journal_are_detected_and_served_from_repl
             other => absent.push(format!("{ledger}/{entry}: {other:?}")),
         }
     }
-    println!("P0-8: b1 read back {ok} entries intact, {detected} detected corrupt");
+    println!("P0-8: {vid} read back {ok} entries intact, {detected} detected corrupt");
     assert!(
         absent.is_empty(),
-        "b1 reported {} acked entries as absent instead of corrupt: {:?}",
+        "{vid} reported {} acked entries as absent instead of corrupt: {:?}",
         absent.len(),
         &absent[..absent.len().min(10)]
     );
