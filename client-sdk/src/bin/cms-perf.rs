@@ -302,16 +302,23 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
     } else {
         vec![None; plans.len()]
     };
+    let shared = Arc::new(RunShared {
+        hists: std::sync::Mutex::new(Recorded {
+            latency: histogram(),
+            late: histogram(),
+        }),
+        pb: pb.clone(),
+    });
     let mut tasks = Vec::new();
     for ((producer, (first, n, rate)), release) in producers.into_iter().zip(plans).zip(releases) {
-        let (a, pb) = (a.clone(), pb.clone());
+        let (a, shared) = (a.clone(), shared.clone());
         let pace = release.map(|r| Pace {
             first,
             rate,
             release: r,
         });
         tasks.push(tokio::spawn(async move {
-            produce_one(producer, &a, start, n, pace, stamp, pb).await
+            produce_one(producer, &a, start, n, pace, stamp, shared).await
         }));
     }
     let mut run = Produced {
@@ -323,14 +330,14 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
     };
     for t in tasks {
         let one = t.await??;
-        run.latency
-            .add(&one.latency)
-            .context("merging histograms")?;
-        run.late.add(&one.late).context("merging histograms")?;
         run.errors += one.errors;
         run.sent += one.sent;
         run.elapsed = run.elapsed.max(one.elapsed);
     }
+    let recorded = shared.hists();
+    run.latency = recorded.latency.clone();
+    run.late = recorded.late.clone();
+    drop(recorded);
     pb.finish_and_clear();
     Ok(run)
 }
@@ -459,8 +466,8 @@ async fn produce_one(
     n: u64,
     pace: Option<Pace>,
     stamp: bool,
-    pb: ProgressBar,
-) -> anyhow::Result<Produced> {
+    run: Arc<RunShared>,
+) -> anyhow::Result<ProducerRun> {
     type InFlight = (
         Instant,
         cms_client::SendFuture,
@@ -474,24 +481,23 @@ async fn produce_one(
     let window = pace
         .is_none()
         .then(|| Arc::new(tokio::sync::Semaphore::new(a.max_pending.max(1))));
-    let pb2 = pb.clone();
+    let run2 = run.clone();
     let collector = tokio::spawn(async move {
-        let mut h = histogram();
         let mut errors = 0u64;
         while let Some((intended, f, slot)) = rx.recv().await {
             match f.await {
                 Ok(_) => {
-                    let _ = h.record((intended.elapsed().as_micros() as u64).max(1));
+                    let us = (intended.elapsed().as_micros() as u64).max(1);
+                    let _ = run2.hists().latency.record(us);
                 }
                 Err(_) => errors += 1,
             }
             drop(slot);
-            pb2.inc(1);
+            run2.pb.inc(1);
         }
-        (h, errors)
+        errors
     });
     let base = vec![b'x'; a.size];
-    let mut late = histogram();
     let deadline = (a.duration > 0.0).then(|| start + Duration::from_secs_f64(a.duration));
     let mut sent = 0u64;
     for i in 0..n {
@@ -506,7 +512,8 @@ async fn produce_one(
             Some(p) => {
                 p.release.acquire().await.context("pacer")?.forget();
                 let due = due_at(p.first, i, p.rate);
-                let _ = late.record((due.elapsed().as_micros() as u64).max(1));
+                let us = (due.elapsed().as_micros() as u64).max(1);
+                let _ = run.hists().late.record(us);
                 due
             }
             None => Instant::now(),
@@ -526,16 +533,45 @@ async fn produce_one(
     }
     drop(tx);
     producer.flush().await?;
-    let (latency, errors) = collector.await?;
+    let errors = collector.await?;
     let elapsed = start.elapsed();
     producer.close().await?;
-    Ok(Produced {
-        latency,
-        late,
+    Ok(ProducerRun {
         errors,
         sent,
         elapsed,
     })
+}
+
+/// What one producer of a run counted (its samples are in [`RunShared`]).
+struct ProducerRun {
+    errors: u64,
+    sent: u64,
+    elapsed: Duration,
+}
+
+/// The histograms every producer of a run records into. One set for all:
+/// a full-range histogram is about 180 KiB, so one per producer (two with
+/// the pacer's) cost W4's 10,000 producers gigabytes, and allocating them as
+/// the producers started made the first sends of the run late.
+struct Recorded {
+    latency: Histogram<u64>,
+    late: Histogram<u64>,
+}
+
+/// What the producers of a run share: the histograms and the progress bar.
+struct RunShared {
+    hists: std::sync::Mutex<Recorded>,
+    pb: ProgressBar,
+}
+
+impl RunShared {
+    fn hists(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        // A panic while recording leaves the counts usable.
+        self.hists
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Subscribes every consumer (topics spread round robin).
