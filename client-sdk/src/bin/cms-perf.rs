@@ -321,25 +321,22 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
             produce_one(producer, &a, start, n, pace, stamp, shared).await
         }));
     }
-    let mut run = Produced {
-        latency: histogram(),
-        late: histogram(),
-        errors: 0,
-        sent: 0,
-        elapsed: Duration::ZERO,
-    };
+    let (mut errors, mut sent, mut elapsed) = (0, 0, Duration::ZERO);
     for t in tasks {
         let one = t.await??;
-        run.errors += one.errors;
-        run.sent += one.sent;
-        run.elapsed = run.elapsed.max(one.elapsed);
+        errors += one.errors;
+        sent += one.sent;
+        elapsed = elapsed.max(one.elapsed);
     }
-    let recorded = shared.hists();
-    run.latency = recorded.latency.clone();
-    run.late = recorded.late.clone();
-    drop(recorded);
     pb.finish_and_clear();
-    Ok(run)
+    let recorded = shared.hists();
+    Ok(Produced {
+        latency: recorded.latency.clone(),
+        late: recorded.late.clone(),
+        errors,
+        sent,
+        elapsed,
+    })
 }
 
 /// What a run of producers measured.
