@@ -43,7 +43,7 @@ use crate::dispatch::{
 use crate::managed_ledger::io::{Persist, SeekTarget};
 use crate::managed_ledger::{InitialPosition, Position};
 use crate::subscription::{
-    ConsumerSpec, Delivery, MessageCounter, StartPosition, SubError, Subscription,
+    ConsumerSpec, Delivery, MessageCounter, ReadBudget, StartPosition, SubError, Subscription,
     SubscriptionConfig,
 };
 use crate::subscriptions::OpenAs;
@@ -600,13 +600,7 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
         };
         OpenAs::Reader(start)
     };
-    let config = SubscriptionConfig {
-        limits: DispatchLimits {
-            consumers_max: conn.state.config.consumers_per_subscription_max,
-            ..DispatchLimits::default()
-        },
-        ..SubscriptionConfig::default()
-    };
+    let config = subscription_config(&conn.state, &topic.name, &c.subscription).await;
     let sub = match topic
         .subscriptions
         .get_or_open(
@@ -681,6 +675,31 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
             _quota: quota,
         },
     );
+}
+
+/// The settings a subscription of `topic` named `sub` opens with (on a
+/// SUBSCRIBE or through the admin API): the broker's consumer bound and,
+/// under a dispatch-rate quota, a read budget of a tenth of a second of the
+/// tightest byte rate (as Pulsar's dispatchers read no more than the rate
+/// limiter's available permits), so a rate-limited catch-up reader pulls
+/// its backlog through the bookies and the broker in small, steady pieces
+/// instead of several MiB at once. The budget follows quota changes.
+pub(crate) async fn subscription_config(
+    state: &crate::service::BrokerState,
+    topic: &crate::topic_name::TopicName,
+    sub: &str,
+) -> SubscriptionConfig {
+    let buckets = state.quota.dispatch_buckets_for(topic, sub).await;
+    SubscriptionConfig {
+        limits: DispatchLimits {
+            consumers_max: state.config.consumers_per_subscription_max,
+            ..DispatchLimits::default()
+        },
+        read_budget: ReadBudget(Arc::new(move || {
+            crate::quota_io::QuotaService::read_budget(&buckets)
+        })),
+        ..SubscriptionConfig::default()
+    }
 }
 
 /// Forwards one consumer's deliveries to the socket until the subscription

@@ -757,6 +757,19 @@ impl QuotaService {
         .await
     }
 
+    /// The byte budget of one cursor read of a subscription paying into
+    /// `buckets` ([`crate::subscription::ReadBudget`]): a tenth of a second
+    /// of the tightest byte rate among them, which is what each bucket lets
+    /// through at once (see `Limiter::new`), at least 1 KiB; `None` when
+    /// none has a byte rate.
+    pub fn read_budget(buckets: &[Arc<Bucket>]) -> Option<usize> {
+        buckets
+            .iter()
+            .filter_map(|b| b.rates().1)
+            .min()
+            .map(|rate| usize::try_from(rate / 10).unwrap_or(usize::MAX).max(1024))
+    }
+
     /// Counts a dispatch (for usage) and returns what it owes `buckets`.
     pub fn on_dispatch(
         &self,
@@ -1362,6 +1375,33 @@ mod tests {
             msgs,
             bytes,
         }
+    }
+
+    #[test]
+    fn the_read_budget_is_a_tenth_of_a_second_of_the_tightest_byte_rate() {
+        let (tenant, sub, msgs_only) = (
+            Arc::new(Bucket::default()),
+            Arc::new(Bucket::default()),
+            Arc::new(Bucket::default()),
+        );
+        assert_eq!(
+            QuotaService::read_budget(&[tenant.clone(), sub.clone()]),
+            None
+        );
+        msgs_only.set(Some(100), None);
+        assert_eq!(
+            QuotaService::read_budget(std::slice::from_ref(&msgs_only)),
+            None
+        );
+        tenant.set(None, Some(8 << 20));
+        sub.set(None, Some(32 << 20));
+        let all = [tenant.clone(), sub.clone(), msgs_only];
+        assert_eq!(QuotaService::read_budget(&all), Some((8 << 20) / 10));
+        // It follows quota changes, and is never below 1 KiB.
+        tenant.set(None, Some(100));
+        assert_eq!(QuotaService::read_budget(&all), Some(1024));
+        tenant.set(None, None);
+        assert_eq!(QuotaService::read_budget(&all), Some((32 << 20) / 10));
     }
 
     #[test]

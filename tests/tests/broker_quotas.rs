@@ -734,6 +734,73 @@ async fn subscription_dispatch_rate_limits_each_subscription() {
     }
 }
 
+/// A subscription under a byte dispatch rate reads its backlog from the
+/// bookies in pieces of a tenth of a second of that rate (one 32 KiB entry
+/// per read at 320 KiB/s), as Pulsar's dispatchers read no more than the
+/// rate limiter's permits; a subscription without a rate reads the same
+/// backlog in a few large reads. Counted by the broker's dispatch reads
+/// (every bookie read of a cursor is admitted there once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_dispatch_rate_reads_the_backlog_in_pieces_of_its_rate() {
+    let broker = BrokerNode::start_standalone(&[]).await;
+    setup_tenant(&broker, "qdrb", &["ns"]).await;
+    let topic = "persistent://qdrb/ns/d".to_string();
+    let n = 40u64;
+    {
+        let client = cms_client::Client::new(broker.service_url()).unwrap();
+        let p = client
+            .producer(&topic)
+            .batching(false)
+            .create()
+            .await
+            .unwrap();
+        let mut receipts = Vec::new();
+        for i in 0..n {
+            let mut body = vec![b'x'; 32 << 10];
+            body[..8].copy_from_slice(&i.to_be_bytes());
+            receipts.push(p.send_async(body).await.unwrap());
+        }
+        for r in receipts {
+            r.await.unwrap();
+        }
+        p.close().await.unwrap();
+    }
+    let reads = || async {
+        cms_tests::cluster::metric_value(
+            broker.http(),
+            "cms_broker_dispatch_read_wait_seconds_count",
+        )
+        .await
+        .unwrap_or(0.0)
+    };
+    // No rate: the whole backlog in a few reads.
+    let r0 = reads().await;
+    consume_timed(broker.service_url(), topic.clone(), "free".into(), n).await;
+    let free = reads().await - r0;
+    assert!(
+        free <= 5.0,
+        "an unlimited subscription took {free} bookie reads for {n} entries"
+    );
+    let (st, v) = admin(
+        &broker,
+        reqwest::Method::POST,
+        "/admin/v2/namespaces/qdrb/ns/subscriptionDispatchRate",
+        Some(json!({"dispatchThrottlingRateInMsg": -1, "dispatchThrottlingRateInByte": 320 << 10, "ratePeriodInSecond": 1})),
+    )
+    .await;
+    assert_eq!(st, 204, "{v}");
+    let r1 = reads().await;
+    let secs = consume_timed(broker.service_url(), topic.clone(), "paced".into(), n).await;
+    let paced = reads().await - r1;
+    eprintln!("paced: {paced} bookie reads for {n} entries in {secs:.2} s; unlimited: {free}");
+    assert!(
+        paced >= n as f64,
+        "a subscription at 320 KiB/s took {paced} bookie reads for {n} entries of 32 KiB (want one per entry)"
+    );
+    // 1.25 MiB at 320 KiB/s, less the first tenth of a second.
+    assert!(secs >= 2.5, "the rate held: {secs:.2} s");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_persistent_topics_are_under_publish_rate_and_count_quotas() {
     let broker = BrokerNode::start_standalone(&[]).await;

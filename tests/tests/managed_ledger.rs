@@ -288,6 +288,36 @@ async fn catch_up_reads_of_large_entries_fetch_each_entry_once() {
         20,
         "every entry fetched from the bookies exactly once"
     );
+
+    // With a read budget of 200 KiB (a dispatch-rate-limited
+    // subscription's): pieces of three 64 KiB entries however many are
+    // asked for, one bookie read per piece, nothing read ahead.
+    let before = metrics.snapshot();
+    let paced = ml.open_non_durable_cursor("paced", InitialPosition::Earliest);
+    let mut got = 0usize;
+    while got < 20 {
+        let e = paced
+            .read_next_within(1_000, Some(200 << 10))
+            .await
+            .unwrap();
+        assert_eq!(e.len(), 3.min(20 - got), "a piece after {got} entries");
+        assert_eq!(e[0].payload[0], u8::try_from(got).unwrap());
+        got += e.len();
+    }
+    assert!(
+        paced
+            .read_next_within(1_000, Some(200 << 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let after = metrics.snapshot();
+    assert_eq!(after.cache_misses - before.cache_misses, 20);
+    assert_eq!(
+        after.bookie_reads - before.bookie_reads,
+        7,
+        "one bookie read per piece"
+    );
     ml.close().await.unwrap();
 }
 

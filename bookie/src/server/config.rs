@@ -113,6 +113,11 @@ pub struct BookieConfig {
     /// Entries read ahead after a cache miss.
     #[arg(long, default_value_t = 100)]
     pub read_ahead_entries_max: usize,
+    /// Bytes read ahead after a cache miss (the entry itself is always read,
+    /// whatever its size). Smaller spans make a catch-up reader's disk and
+    /// CPU work come in smaller, more frequent pieces.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub read_ahead_bytes_max: usize,
     /// I/O class of reads that go to entry logs: `idle` (journal and flush
     /// writes go first at the disk scheduler; see docs/isolation.md) or
     /// `normal`.
@@ -301,6 +306,15 @@ impl BookieConfig {
                 "must be at most 1024 (0 = one per CPU)",
             ));
         }
+        if self.read_ahead_bytes_max > self.read_cache_bytes_max {
+            return Err(invalid(
+                "read_ahead_bytes_max",
+                format!(
+                    "must not be above read_cache_bytes_max ({}): a read-ahead lands in the read cache",
+                    self.read_cache_bytes_max
+                ),
+            ));
+        }
         if self.journal_file_bytes < 64 * 1024 {
             return Err(invalid("journal_file_bytes", "must be at least 65536"));
         }
@@ -425,7 +439,7 @@ impl BookieConfig {
             read_cache_bytes_max: self.read_cache_bytes_max,
             index_cache_bytes_max: self.index_cache_bytes_max,
             read_ahead_entries_max: self.read_ahead_entries_max,
-            read_ahead_bytes_max: 4 * 1024 * 1024,
+            read_ahead_bytes_max: self.read_ahead_bytes_max,
             read_io_class: self.read_io_class,
             compaction_threshold: self.compaction_threshold,
             reserved_bytes: self.reserved_bytes,
@@ -496,6 +510,21 @@ mod tests {
                 .unwrap_err();
             assert_eq!(err.key, "read_key_weights");
         }
+    }
+
+    #[test]
+    fn read_ahead_reaches_storage_and_fits_the_read_cache() {
+        let c = parse(&["--read-ahead-bytes-max=524288"]);
+        c.validate().unwrap();
+        assert_eq!(c.storage().read_ahead_bytes_max, 512 * 1024);
+        assert_eq!(parse(&[]).storage().read_ahead_bytes_max, 4 << 20);
+        let err = parse(&[
+            "--read-cache-bytes-max=1048576",
+            "--read-ahead-bytes-max=2097152",
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.key, "read_ahead_bytes_max");
     }
 
     #[test]

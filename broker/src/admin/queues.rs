@@ -204,7 +204,7 @@ async fn create_backing(
                 QUEUE_SUBSCRIPTION,
                 OpenAs::Durable(InitialPosition::Earliest),
                 message_counter(),
-                sub_config(s),
+                sub_config(s, &t, QUEUE_SUBSCRIPTION).await,
             )
             .await
             .map_err(|e| {

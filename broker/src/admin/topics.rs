@@ -352,14 +352,8 @@ fn position_json(p: Position) -> String {
     format!("{}:{}", p.ledger_id, p.entry_id)
 }
 
-pub(crate) fn sub_config(s: &BrokerState) -> SubscriptionConfig {
-    SubscriptionConfig {
-        limits: crate::dispatch::DispatchLimits {
-            consumers_max: s.config.consumers_per_subscription_max,
-            ..crate::dispatch::DispatchLimits::default()
-        },
-        ..SubscriptionConfig::default()
-    }
+pub(crate) async fn sub_config(s: &BrokerState, t: &TopicName, sub: &str) -> SubscriptionConfig {
+    crate::consumers::subscription_config(s, t, sub).await
 }
 
 /// The stored durable subscriptions of `t` (its cursor nodes, less the
@@ -392,7 +386,7 @@ pub(crate) async fn open_subscription(
             name,
             OpenAs::Durable(InitialPosition::Latest),
             message_counter(),
-            sub_config(s),
+            sub_config(s, t, name).await,
         )
         .await
         .map_err(sub_error)
@@ -738,7 +732,7 @@ pub async fn create_subscription(State(s): St, p: Params, body: Body) -> AdminRe
             name,
             OpenAs::Durable(initial),
             message_counter(),
-            sub_config(&s),
+            sub_config(&s, &t, name).await,
         )
         .await
         .map_err(sub_error)?;

@@ -44,8 +44,8 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 pub use types::{
-    ConsumerSpec, DeliverAt, Delivery, KeyHasher, MessageCounter, StartPosition, SubError,
-    SubscriptionConfig, SubscriptionStats,
+    ConsumerSpec, DeliverAt, Delivery, KeyHasher, MessageCounter, ReadBudget, StartPosition,
+    SubError, SubscriptionConfig, SubscriptionStats,
 };
 
 use crate::dispatch::{ConsumerId, ConsumerInfo, Dispatcher, Event};

@@ -131,10 +131,15 @@ async fn step(inner: &Arc<Inner>) -> Step {
         ReadPlan::Replay(positions) => read_positions(inner, &positions).await.map(|v| (v, true)),
         ReadPlan::Next { entries_max } => {
             let before = inner.cursor.read_position();
-            inner.cursor.read_next(entries_max).await.map(|v| {
-                let moved = !v.is_empty() || inner.cursor.read_position() != before;
-                (v, moved)
-            })
+            let budget = inner.config.read_budget.get();
+            inner
+                .cursor
+                .read_next_within(entries_max, budget)
+                .await
+                .map(|v| {
+                    let moved = !v.is_empty() || inner.cursor.read_position() != before;
+                    (v, moved)
+                })
         }
     };
     match result {

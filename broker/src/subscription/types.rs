@@ -68,6 +68,44 @@ impl PartialEq for KeyHasher {
 
 impl Eq for KeyHasher {}
 
+/// A function giving the byte budget of the next cursor read.
+pub type ReadBudgetFn = dyn Fn() -> Option<usize> + Send + Sync;
+
+/// The byte budget of one cursor read, asked before each read of new
+/// entries (`None`: no budget; the managed ledger's read-ahead applies).
+/// The broker gives a subscription under a dispatch-rate quota a tenth of a
+/// second of its tightest byte rate (see `crate::consumers`), so its bookie
+/// reads come in pieces its rate drains within that time.
+#[derive(Clone)]
+pub struct ReadBudget(pub Arc<ReadBudgetFn>);
+
+impl ReadBudget {
+    /// The budget of the next read.
+    pub fn get(&self) -> Option<usize> {
+        (self.0)()
+    }
+}
+
+impl Default for ReadBudget {
+    fn default() -> Self {
+        Self(Arc::new(|| None))
+    }
+}
+
+impl std::fmt::Debug for ReadBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReadBudget({:?})", self.get())
+    }
+}
+
+impl PartialEq for ReadBudget {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ReadBudget {}
+
 /// A function from stored entry bytes to its delivery time (Unix ms).
 pub type DeliverAtFn = dyn Fn(&[u8]) -> Option<u64> + Send + Sync;
 
@@ -187,6 +225,8 @@ pub struct SubscriptionConfig {
     /// Delayed delivery: an entry's delivery time (default: Pulsar's
     /// `deliver_at_time` of a stored Pulsar entry).
     pub deliver_at: DeliverAt,
+    /// The byte budget of each read of new entries (default: none).
+    pub read_budget: ReadBudget,
 }
 
 impl Default for SubscriptionConfig {
@@ -197,6 +237,7 @@ impl Default for SubscriptionConfig {
             read_retry_delay_ms_max: 5_000,
             key_hasher: KeyHasher::default(),
             deliver_at: DeliverAt::default(),
+            read_budget: ReadBudget::default(),
         }
     }
 }

@@ -256,6 +256,20 @@ fn read_ahead_count(
         .max(count_max)
 }
 
+/// How many entries a cursor read under a per-read byte budget (a dispatch
+/// rate's share, [`ManagedCursor::read_next_within`]) asks for: what fits
+/// `budget_bytes` at the ledger's `mean_entry_bytes`, at most `count_max`,
+/// at least one (an entry larger than the budget still goes, alone). No
+/// read-ahead beyond it: the point of the budget is that a rate-limited
+/// reader's bookie reads come in pieces of that size. Pure.
+fn budgeted_count(count_max: usize, budget_bytes: usize, mean_entry_bytes: Option<u64>) -> usize {
+    let fit = mean_entry_bytes.map_or(count_max, |m| {
+        usize::try_from(u64::try_from(budget_bytes).unwrap_or(u64::MAX) / m.max(1))
+            .unwrap_or(usize::MAX)
+    });
+    count_max.min(fit).max(1)
+}
+
 /// When an acknowledgement's due snapshot is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Persist {
@@ -2058,6 +2072,21 @@ impl ManagedCursor {
     /// is kept (bounded) for the next calls instead of entering the shared
     /// cache.
     pub async fn read_next(&self, count_max: usize) -> Result<Vec<Entry>, MlError> {
+        self.read_next_within(count_max, None).await
+    }
+
+    /// [`Self::read_next`] with an optional byte budget for this read (a
+    /// dispatch-rate-limited subscription passes its rate's share, as
+    /// Pulsar's dispatchers read no more than the rate limiter's available
+    /// permits): with a budget, entries not already read ahead are read
+    /// from the bookies in pieces of about `budget_bytes` (at least one
+    /// entry) and nothing more is read ahead, so a reader held to a few MiB/s
+    /// does not pull several MiB through the bookies and the broker at once.
+    pub async fn read_next_within(
+        &self,
+        count_max: usize,
+        budget_bytes: Option<usize>,
+    ) -> Result<Vec<Entry>, MlError> {
         let (from, buffered, mean) = self.with(|s, l| {
             // Acks may have moved the mark-delete past what was read.
             s.read_after = s.read_after.max(s.cursor.mark_delete());
@@ -2083,12 +2112,15 @@ impl ManagedCursor {
         };
         let entries = if buffered.is_empty() {
             let bytes_max = self.shared.config.read_ahead_bytes_max;
-            let ahead = read_ahead_count(
-                count_max,
-                self.shared.config.read_ahead_entries,
-                bytes_max,
-                mean,
-            );
+            let ahead = match budget_bytes {
+                Some(b) => budgeted_count(count_max, b.min(bytes_max), mean),
+                None => read_ahead_count(
+                    count_max,
+                    self.shared.config.read_ahead_entries,
+                    bytes_max,
+                    mean,
+                ),
+            };
             let mut entries = self.shared.read(from, ahead).await?;
             let rest = entries.split_off(count_max.min(entries.len()));
             self.with(|s, _| {
@@ -2360,6 +2392,19 @@ mod tests {
         assert_eq!(read_ahead_count(1, 100, 4 << 20, None), 100);
         assert_eq!(read_ahead_count(1, 100, 4 << 20, Some(0)), 100);
         assert_eq!(read_ahead_count(0, 0, 0, Some(1)), 0);
+    }
+
+    #[test]
+    fn a_read_budget_bounds_the_entries_read() {
+        // 8 MiB/s in tenths of a second: 819 KiB, six 128 KiB batches.
+        assert_eq!(budgeted_count(1000, 838_860, Some(128 << 10)), 6);
+        // Never more than asked, never none.
+        assert_eq!(budgeted_count(3, 838_860, Some(1 << 10)), 3);
+        assert_eq!(budgeted_count(1000, 1024, Some(1 << 20)), 1);
+        assert_eq!(budgeted_count(1000, 0, Some(1 << 10)), 1);
+        // Unknown or zero entry size: what was asked.
+        assert_eq!(budgeted_count(7, 838_860, None), 7);
+        assert_eq!(budgeted_count(7, 838_860, Some(0)), 7);
     }
 
     #[test]
