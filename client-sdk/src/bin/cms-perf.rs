@@ -614,13 +614,17 @@ async fn consume(
     let first = std::sync::Arc::new(std::sync::OnceLock::<Instant>::new());
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
     let done_tx = std::sync::Arc::new(done_tx);
+    // One histogram for all consumers, as for the producers (a full-range
+    // histogram is about 180 KiB: one per consumer cost W4-sized runs
+    // gigabytes).
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(histogram()));
     let mut tasks = Vec::new();
     for consumer in consumers {
         let (count, first, pb) = (count.clone(), first.clone(), pb.clone());
         let (done_tx, mut done_rx) = (done_tx.clone(), done_rx.clone());
+        let h = shared.clone();
         tasks.push(tokio::spawn(async move {
             let mut consumer = consumer;
-            let mut h = histogram();
             let mut bytes = 0u64;
             loop {
                 let m = tokio::select! {
@@ -640,7 +644,12 @@ async fn consume(
                 } else {
                     m.publish_time * 1000
                 };
-                let _ = h.record(now_us().saturating_sub(sent_us).max(1));
+                let us = now_us().saturating_sub(sent_us).max(1);
+                // A panic while recording leaves the counts usable.
+                let _ = h
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .record(us);
                 consumer.ack(&m.id).await.context("ack")?;
                 pb.inc(1);
                 if k + 1 == n {
@@ -649,18 +658,19 @@ async fn consume(
                 }
             }
             let _ = consumer.close().await;
-            anyhow::Ok((h, bytes))
+            anyhow::Ok(bytes)
         }));
     }
-    let mut h = histogram();
     let mut bytes = 0u64;
     for t in tasks {
-        let (h1, b1) = t.await??;
-        h.add(&h1).context("merging histograms")?;
-        bytes += b1;
+        bytes += t.await??;
     }
     pb.finish_and_clear();
     let elapsed = first.get().map_or(Duration::ZERO, |s| s.elapsed());
+    let h = shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     Ok((h, elapsed, bytes))
 }
 
