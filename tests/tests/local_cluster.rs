@@ -410,6 +410,10 @@ async fn bench_suite_quick_w1_writes_a_json_line_with_the_fields() {
     assert_eq!(l["msgs"], 500, "{l}");
     assert_eq!(l["max_pending"], 1, "W1 waits for each receipt: {l}");
     assert_eq!(l["worker_threads"], 1, "the suite's default: {l}");
+    assert!(
+        l["cpu_model"].as_str().is_some(),
+        "the host's CPU model is recorded: {l}"
+    );
     for k in [
         "msg_per_s",
         "p50_ms",
