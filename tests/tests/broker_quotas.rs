@@ -662,6 +662,26 @@ async fn age_quota_eviction_drops_only_the_messages_over_the_age() {
     assert!(all.is_some(), "backlog not evicted: {last}");
 }
 
+/// Publishes `n` unbatched messages `body(0..n)` to `topic` and waits for
+/// every receipt.
+async fn write_backlog(broker: &BrokerNode, topic: &str, n: u64, body: impl Fn(u64) -> Vec<u8>) {
+    let client = cms_client::Client::new(broker.service_url()).unwrap();
+    let p = client
+        .producer(topic)
+        .batching(false)
+        .create()
+        .await
+        .unwrap();
+    let mut receipts = Vec::new();
+    for i in 0..n {
+        receipts.push(p.send_async(body(i)).await.unwrap());
+    }
+    for r in receipts {
+        r.await.unwrap();
+    }
+    p.close().await.unwrap();
+}
+
 /// Receives `n` messages on a new Exclusive subscription `sub` of `topic`
 /// from the earliest, acknowledging each; the seconds it took.
 async fn consume_timed(url: String, topic: String, sub: String, n: u64) -> f64 {
@@ -693,23 +713,7 @@ async fn subscription_dispatch_rate_limits_each_subscription() {
     let topic = "persistent://qsdr/ns/d".to_string();
     let n = 300u64;
     // The backlog; the subscriptions start from the earliest message.
-    {
-        let client = cms_client::Client::new(broker.service_url()).unwrap();
-        let p = client
-            .producer(&topic)
-            .batching(false)
-            .create()
-            .await
-            .unwrap();
-        let mut receipts = Vec::new();
-        for i in 0..n {
-            receipts.push(p.send_async(format!("m{i}").into_bytes()).await.unwrap());
-        }
-        for r in receipts {
-            r.await.unwrap();
-        }
-        p.close().await.unwrap();
-    }
+    write_backlog(&broker, &topic, n, |i| format!("m{i}").into_bytes()).await;
     let (st, v) = admin(
         &broker,
         reqwest::Method::POST,
@@ -746,25 +750,12 @@ async fn a_byte_dispatch_rate_reads_the_backlog_in_pieces_of_its_rate() {
     setup_tenant(&broker, "qdrb", &["ns"]).await;
     let topic = "persistent://qdrb/ns/d".to_string();
     let n = 40u64;
-    {
-        let client = cms_client::Client::new(broker.service_url()).unwrap();
-        let p = client
-            .producer(&topic)
-            .batching(false)
-            .create()
-            .await
-            .unwrap();
-        let mut receipts = Vec::new();
-        for i in 0..n {
-            let mut body = vec![b'x'; 32 << 10];
-            body[..8].copy_from_slice(&i.to_be_bytes());
-            receipts.push(p.send_async(body).await.unwrap());
-        }
-        for r in receipts {
-            r.await.unwrap();
-        }
-        p.close().await.unwrap();
-    }
+    write_backlog(&broker, &topic, n, |i| {
+        let mut body = vec![b'x'; 32 << 10];
+        body[..8].copy_from_slice(&i.to_be_bytes());
+        body
+    })
+    .await;
     let reads = || async {
         cms_tests::cluster::metric_value(
             broker.http(),
