@@ -665,21 +665,21 @@ async fn age_quota_eviction_drops_only_the_messages_over_the_age() {
 /// Publishes `n` unbatched messages `body(0..n)` to `topic` and waits for
 /// every receipt.
 async fn write_backlog(broker: &BrokerNode, topic: &str, n: u64, body: impl Fn(u64) -> Vec<u8>) {
-    let client = cms_client::Client::new(broker.service_url()).unwrap();
+    let client = cms_client::Client::new(broker.service_url()).expect("client");
     let p = client
         .producer(topic)
         .batching(false)
         .create()
         .await
-        .unwrap();
+        .expect("producer");
     let mut receipts = Vec::new();
     for i in 0..n {
-        receipts.push(p.send_async(body(i)).await.unwrap());
+        receipts.push(p.send_async(body(i)).await.expect("send"));
     }
     for r in receipts {
-        r.await.unwrap();
+        r.await.expect("receipt");
     }
-    p.close().await.unwrap();
+    p.close().await.expect("close");
 }
 
 /// Receives `n` messages on a new Exclusive subscription `sub` of `topic`
