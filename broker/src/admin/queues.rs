@@ -24,7 +24,7 @@ use tracing::{info, warn};
 use crate::admin::namespaces::read_policies;
 use crate::admin::topics::{
     create_topic_node, delete_stored_topic, load_here as load, open_subscription,
-    partitioned_error, stored, sub_config, within_many,
+    partitioned_error, stored, within_many,
 };
 use crate::admin::{
     AdminError, AdminResult, Body, Params, QueryParams, St, names, no_content, ok_json, store,
@@ -204,7 +204,7 @@ async fn create_backing(
                 QUEUE_SUBSCRIPTION,
                 OpenAs::Durable(InitialPosition::Earliest),
                 message_counter(),
-                sub_config(s, &t, QUEUE_SUBSCRIPTION).await,
+                crate::consumers::subscription_config(s, &t, QUEUE_SUBSCRIPTION).await,
             )
             .await
             .map_err(|e| {

@@ -27,7 +27,7 @@ use crate::admin::namespaces::{read_policies, stored_topics};
 use crate::admin::{
     AdminError, AdminResult, Body, Params, QueryParams, St, names, no_content, ok_json, store,
 };
-use crate::consumers::message_counter;
+use crate::consumers::{message_counter, subscription_config};
 use crate::managed_ledger::io::SeekTarget;
 use crate::managed_ledger::io::managed_ledger::node_path;
 use crate::managed_ledger::{
@@ -36,7 +36,7 @@ use crate::managed_ledger::{
 use crate::ownership::LookupAnswer;
 use crate::partitioned::{self, PartitionedError};
 use crate::service::BrokerState;
-use crate::subscription::{SubError, Subscription, SubscriptionConfig};
+use crate::subscription::{SubError, Subscription};
 use crate::subscriptions::OpenAs;
 use crate::topic_name::{Domain, TopicName};
 use crate::topics::{Topic, TopicError};
@@ -352,10 +352,6 @@ fn position_json(p: Position) -> String {
     format!("{}:{}", p.ledger_id, p.entry_id)
 }
 
-pub(crate) async fn sub_config(s: &BrokerState, t: &TopicName, sub: &str) -> SubscriptionConfig {
-    crate::consumers::subscription_config(s, t, sub).await
-}
-
 /// The stored durable subscriptions of `t` (its cursor nodes, less the
 /// de-duplication system cursor), sorted.
 async fn stored_subscriptions(s: &BrokerState, t: &TopicName) -> Result<Vec<String>, AdminError> {
@@ -386,7 +382,7 @@ pub(crate) async fn open_subscription(
             name,
             OpenAs::Durable(InitialPosition::Latest),
             message_counter(),
-            sub_config(s, t, name).await,
+            subscription_config(s, t, name).await,
         )
         .await
         .map_err(sub_error)
@@ -732,7 +728,7 @@ pub async fn create_subscription(State(s): St, p: Params, body: Body) -> AdminRe
             name,
             OpenAs::Durable(initial),
             message_counter(),
-            sub_config(&s, &t, name).await,
+            subscription_config(&s, &t, name).await,
         )
         .await
         .map_err(sub_error)?;

@@ -247,10 +247,7 @@ fn read_ahead_count(
     bytes_max: usize,
     mean_entry_bytes: Option<u64>,
 ) -> usize {
-    let fit = mean_entry_bytes.map_or(usize::MAX, |m| {
-        usize::try_from(u64::try_from(bytes_max).unwrap_or(u64::MAX) / m.max(1))
-            .unwrap_or(usize::MAX)
-    });
+    let fit = entries_fitting(bytes_max, mean_entry_bytes).unwrap_or(usize::MAX);
     entries_max
         .min(count_max.saturating_add(fit))
         .max(count_max)
@@ -263,11 +260,16 @@ fn read_ahead_count(
 /// read-ahead beyond it: the point of the budget is that a rate-limited
 /// reader's bookie reads come in pieces of that size. Pure.
 fn budgeted_count(count_max: usize, budget_bytes: usize, mean_entry_bytes: Option<u64>) -> usize {
-    let fit = mean_entry_bytes.map_or(count_max, |m| {
-        usize::try_from(u64::try_from(budget_bytes).unwrap_or(u64::MAX) / m.max(1))
-            .unwrap_or(usize::MAX)
-    });
+    let fit = entries_fitting(budget_bytes, mean_entry_bytes).unwrap_or(count_max);
     count_max.min(fit).max(1)
+}
+
+/// How many entries of `mean_entry_bytes` (a zero size counts as one byte)
+/// fit `bytes`; `None` when the size is unknown. Pure.
+fn entries_fitting(bytes: usize, mean_entry_bytes: Option<u64>) -> Option<usize> {
+    mean_entry_bytes.map(|m| {
+        usize::try_from(u64::try_from(bytes).unwrap_or(u64::MAX) / m.max(1)).unwrap_or(usize::MAX)
+    })
 }
 
 /// When an acknowledgement's due snapshot is written.
