@@ -148,6 +148,12 @@ pub struct BrokerConfig {
     /// catch-up reader's load into smaller bursts (docs/isolation.md).
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub dispatch_read_bytes_max: usize,
+    /// A subscription under a byte dispatch rate reads new entries in
+    /// pieces of this many milliseconds of its tightest byte rate, at most
+    /// the rate bucket's tenth of a second (docs/quotas.md): smaller pieces
+    /// keep each read's work on the shared threads short.
+    #[arg(long, default_value_t = 100)]
+    pub dispatch_read_budget_ms: u64,
     /// Broker-wide entry cache (tailing reads), in bytes.
     #[arg(long, default_value_t = 128 * 1024 * 1024)]
     pub entry_cache_bytes_max: usize,
@@ -359,6 +365,12 @@ impl BrokerConfig {
         }
         if self.dispatch_read_bytes_max < 1024 {
             return Err(invalid("dispatch_read_bytes_max", "must be at least 1024"));
+        }
+        if !(1..=100).contains(&self.dispatch_read_budget_ms) {
+            return Err(invalid(
+                "dispatch_read_budget_ms",
+                "must be between 1 and 100 (a rate bucket holds a tenth of a second)",
+            ));
         }
         if mode == Mode::Cluster {
             self.metadata_url()?;
@@ -673,6 +685,14 @@ mod tests {
             (
                 "dispatch_read_bytes_max",
                 Box::new(|c| c.dispatch_read_bytes_max = 1023),
+            ),
+            (
+                "dispatch_read_budget_ms",
+                Box::new(|c| c.dispatch_read_budget_ms = 0),
+            ),
+            (
+                "dispatch_read_budget_ms",
+                Box::new(|c| c.dispatch_read_budget_ms = 101),
             ),
         ];
         for (key, f) in table {

@@ -679,8 +679,8 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
 
 /// The settings a subscription of `topic` named `sub` opens with (on a
 /// SUBSCRIBE or through the admin API): the broker's consumer bound and,
-/// under a dispatch-rate quota, a read budget of a tenth of a second of the
-/// tightest byte rate (as Pulsar's dispatchers read no more than the rate
+/// under a dispatch-rate quota, a read budget of `dispatch_read_budget_ms`
+/// (default a tenth of a second) of the tightest byte rate (as Pulsar's dispatchers read no more than the rate
 /// limiter's available permits), so a rate-limited catch-up reader pulls
 /// its backlog through the bookies and the broker in small, steady pieces
 /// instead of several MiB at once. The budget follows quota changes.
@@ -690,13 +690,14 @@ pub(crate) async fn subscription_config(
     sub: &str,
 ) -> SubscriptionConfig {
     let buckets = state.quota.dispatch_buckets_for(topic, sub).await;
+    let slice_ms = state.config.dispatch_read_budget_ms;
     SubscriptionConfig {
         limits: DispatchLimits {
             consumers_max: state.config.consumers_per_subscription_max,
             ..DispatchLimits::default()
         },
         read_budget: ReadBudget(Arc::new(move || {
-            crate::quota_io::QuotaService::read_budget(&buckets)
+            crate::quota_io::QuotaService::read_budget(&buckets, slice_ms)
         })),
         ..SubscriptionConfig::default()
     }

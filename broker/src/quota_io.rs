@@ -758,16 +758,20 @@ impl QuotaService {
     }
 
     /// The byte budget of one cursor read of a subscription paying into
-    /// `buckets` ([`crate::subscription::ReadBudget`]): a tenth of a second
-    /// of the tightest byte rate among them, which is what each bucket lets
-    /// through at once (see `Limiter::new`), at least 1 KiB; `None` when
-    /// none has a byte rate.
-    pub fn read_budget(buckets: &[Arc<Bucket>]) -> Option<usize> {
+    /// `buckets` ([`crate::subscription::ReadBudget`]): `slice_ms`
+    /// milliseconds of the tightest byte rate among them (the broker's
+    /// `dispatch_read_budget_ms`, at most the tenth of a second each bucket
+    /// lets through at once, see `Limiter::new`), at least 1 KiB; `None`
+    /// when none has a byte rate.
+    pub fn read_budget(buckets: &[Arc<Bucket>], slice_ms: u64) -> Option<usize> {
         buckets
             .iter()
             .filter_map(|b| b.rates().1)
             .min()
-            .map(|rate| usize::try_from(rate / 10).unwrap_or(usize::MAX).max(1024))
+            .map(|rate| {
+                let bytes = u128::from(rate) * u128::from(slice_ms.clamp(1, 100)) / 1000;
+                usize::try_from(bytes).unwrap_or(usize::MAX).max(1024)
+            })
     }
 
     /// Counts a dispatch (for usage) and returns what it owes `buckets`.
@@ -1378,30 +1382,36 @@ mod tests {
     }
 
     #[test]
-    fn the_read_budget_is_a_tenth_of_a_second_of_the_tightest_byte_rate() {
+    fn the_read_budget_is_a_slice_of_the_tightest_byte_rate() {
         let (tenant, sub, msgs_only) = (
             Arc::new(Bucket::default()),
             Arc::new(Bucket::default()),
             Arc::new(Bucket::default()),
         );
         assert_eq!(
-            QuotaService::read_budget(&[tenant.clone(), sub.clone()]),
+            QuotaService::read_budget(&[tenant.clone(), sub.clone()], 100),
             None
         );
         msgs_only.set(Some(100), None);
         assert_eq!(
-            QuotaService::read_budget(std::slice::from_ref(&msgs_only)),
+            QuotaService::read_budget(std::slice::from_ref(&msgs_only), 100),
             None
         );
         tenant.set(None, Some(8 << 20));
         sub.set(None, Some(32 << 20));
         let all = [tenant.clone(), sub.clone(), msgs_only];
-        assert_eq!(QuotaService::read_budget(&all), Some((8 << 20) / 10));
+        assert_eq!(QuotaService::read_budget(&all, 100), Some((8 << 20) / 10));
+        assert_eq!(QuotaService::read_budget(&all, 20), Some((8 << 20) / 50));
+        // The slice is at most what a bucket holds (a tenth of a second).
+        assert_eq!(QuotaService::read_budget(&all, 1000), Some((8 << 20) / 10));
         // It follows quota changes, and is never below 1 KiB.
         tenant.set(None, Some(100));
-        assert_eq!(QuotaService::read_budget(&all), Some(1024));
+        assert_eq!(QuotaService::read_budget(&all, 100), Some(1024));
         tenant.set(None, None);
-        assert_eq!(QuotaService::read_budget(&all), Some((32 << 20) / 10));
+        assert_eq!(QuotaService::read_budget(&all, 100), Some((32 << 20) / 10));
+        tenant.set(None, Some(u64::MAX));
+        sub.set(None, Some(u64::MAX));
+        assert!(QuotaService::read_budget(&all, 100).is_some());
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub enum OpenMode {
 /// write behind it waits for about 1 ms of disk (at ≈ 270 MB/s).
 pub const WRITE_OUT_CHUNK_BYTES: u64 = 256 * 1024;
 
+/// The default of the most bytes one entry-log read asks the disk for at a
+/// time ([`FsFile::read_exact_in_pieces`]; `cms-bookie serve
+/// --read-io-bytes-max`): about 2 ms of disk at ≈ 270 MB/s.
+pub const READ_PIECE_BYTES: usize = 512 * 1024;
+
 /// A file opened through an [`Fs`]. Positional I/O; shared between threads.
 pub trait FsFile: Send + Sync + Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
@@ -110,6 +115,22 @@ pub trait FsFile: Send + Sync + Debug {
                 ));
             }
             done += n;
+        }
+        Ok(())
+    }
+
+    /// [`FsFile::read_exact_at`] in reads of at most `piece` bytes, one after
+    /// the other. One large read is one request at the disk, and a journal
+    /// write or flush that arrives behind it waits for all of it (several
+    /// ms for a few MiB); in pieces it waits for one piece at most, and the
+    /// disk scheduler puts it before the next piece when the reads run in
+    /// the idle I/O class (as [`FsFile::write_out`] does for background
+    /// writes; docs/isolation.md).
+    fn read_exact_in_pieces(&self, buf: &mut [u8], offset: u64, piece: usize) -> io::Result<()> {
+        let mut at = offset;
+        for chunk in buf.chunks_mut(piece.max(1)) {
+            self.read_exact_at(chunk, at)?;
+            at += chunk.len() as u64;
         }
         Ok(())
     }

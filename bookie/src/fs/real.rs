@@ -264,4 +264,56 @@ mod tests {
         assert!(space.total_bytes > 0);
         assert!((0.0..=1.0).contains(&space.used_fraction()));
     }
+
+    /// A file that records the length of every `read_at` it passes on.
+    #[derive(Debug)]
+    struct Recording {
+        inner: Arc<dyn FsFile>,
+        reads: std::sync::Mutex<Vec<usize>>,
+    }
+
+    impl FsFile for Recording {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            self.reads.lock().unwrap().push(buf.len());
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.inner.write_at(buf, offset)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            self.inner.sync_data()
+        }
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
+        }
+    }
+
+    #[test]
+    fn reads_in_pieces_ask_for_at_most_a_piece_and_return_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let f = Recording {
+            inner: RealFs.open(&path, OpenMode::CreateNew).unwrap(),
+            reads: Default::default(),
+        };
+        f.write_at(&data, 0).unwrap();
+        let mut back = vec![0u8; 90_000];
+        f.read_exact_in_pieces(&mut back, 7, 16 * 1024).unwrap();
+        assert_eq!(back, data[7..90_007]);
+        let reads = f.reads.lock().unwrap().clone();
+        assert_eq!(reads.len(), 6, "{reads:?}");
+        assert!(reads.iter().all(|&n| n <= 16 * 1024), "{reads:?}");
+        // Past the end: the short piece fails as `read_exact_at` does.
+        let mut over = vec![0u8; 40_000];
+        assert_eq!(
+            f.read_exact_in_pieces(&mut over, 70_000, 16 * 1024)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+    }
 }

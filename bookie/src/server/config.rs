@@ -118,6 +118,11 @@ pub struct BookieConfig {
     /// CPU work come in smaller, more frequent pieces.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub read_ahead_bytes_max: usize,
+    /// Most bytes one entry-log read asks the disk for at a time: a
+    /// read-ahead goes to the disk in pieces of this size, so a journal
+    /// write or flush waits behind one piece at most (docs/isolation.md).
+    #[arg(long, default_value_t = crate::fs::READ_PIECE_BYTES)]
+    pub read_io_bytes_max: usize,
     /// I/O class of reads that go to entry logs: `idle` (journal and flush
     /// writes go first at the disk scheduler; see docs/isolation.md) or
     /// `normal`.
@@ -306,6 +311,9 @@ impl BookieConfig {
                 "must be at most 1024 (0 = one per CPU)",
             ));
         }
+        if self.read_io_bytes_max < 4096 {
+            return Err(invalid("read_io_bytes_max", "must be at least 4096"));
+        }
         if self.read_ahead_bytes_max > self.read_cache_bytes_max {
             return Err(invalid(
                 "read_ahead_bytes_max",
@@ -440,6 +448,7 @@ impl BookieConfig {
             index_cache_bytes_max: self.index_cache_bytes_max,
             read_ahead_entries_max: self.read_ahead_entries_max,
             read_ahead_bytes_max: self.read_ahead_bytes_max,
+            read_io_bytes_max: self.read_io_bytes_max,
             read_io_class: self.read_io_class,
             compaction_threshold: self.compaction_threshold,
             reserved_bytes: self.reserved_bytes,
@@ -525,6 +534,16 @@ mod tests {
         .validate()
         .unwrap_err();
         assert_eq!(err.key, "read_ahead_bytes_max");
+    }
+
+    #[test]
+    fn read_pieces_reach_storage_and_are_at_least_a_page() {
+        let c = parse(&["--read-io-bytes-max=262144"]);
+        c.validate().unwrap();
+        assert_eq!(c.storage().read_io_bytes_max, 256 * 1024);
+        assert_eq!(parse(&[]).storage().read_io_bytes_max, 512 * 1024);
+        let err = parse(&["--read-io-bytes-max=4095"]).validate().unwrap_err();
+        assert_eq!(err.key, "read_io_bytes_max");
     }
 
     #[test]

@@ -955,6 +955,7 @@ mod tests {
             index_cache_bytes_max: 1 << 20,
             read_ahead_entries_max: 10,
             read_ahead_bytes_max: 1 << 20,
+            read_io_bytes_max: 64 << 10,
             read_io_class: crate::storage::ReadIoClass::Idle,
             compaction_threshold: 0.5,
             reserved_bytes: 0,

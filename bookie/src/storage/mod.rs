@@ -91,6 +91,9 @@ pub struct StorageConfig {
     pub read_ahead_entries_max: usize,
     /// Bytes read ahead after a miss.
     pub read_ahead_bytes_max: usize,
+    /// Most bytes one entry-log read asks the disk for at a time (a
+    /// read-ahead is read in pieces of this size, [`FsFile::read_exact_in_pieces`]).
+    pub read_io_bytes_max: usize,
     /// I/O class of entry-log reads ([`io_priority`]).
     pub read_io_class: ReadIoClass,
     /// A log whose live fraction is below this is compacted.
@@ -102,7 +105,8 @@ pub struct StorageConfig {
 
 impl StorageConfig {
     /// The defaults for `ledger_dir`: 1 GiB logs, 256 MiB caches, read-ahead of
-    /// 100 entries / 4 MiB, compaction below 50 % live, 1 GiB reserved.
+    /// 100 entries / 4 MiB read in 512 KiB pieces, compaction below 50 % live,
+    /// 1 GiB reserved.
     pub fn new(ledger_dir: PathBuf) -> StorageConfig {
         StorageConfig {
             ledger_dir,
@@ -112,6 +116,7 @@ impl StorageConfig {
             index_cache_bytes_max: index::INDEX_CACHE_BYTES_MAX,
             read_ahead_entries_max: 100,
             read_ahead_bytes_max: 4 << 20,
+            read_io_bytes_max: crate::fs::READ_PIECE_BYTES,
             read_io_class: ReadIoClass::Idle,
             compaction_threshold: 0.5,
             reserved_bytes: 1 << 30,
@@ -399,7 +404,11 @@ impl LedgerStorage {
             };
             let mut buf = vec![0u8; (end - u64::from(first.offset)) as usize];
             let prio = io_priority::ReadPriority::enter(self.cfg.read_io_class);
-            let read = file.read_exact_at(&mut buf, u64::from(first.offset));
+            let read = file.read_exact_in_pieces(
+                &mut buf,
+                u64::from(first.offset),
+                self.cfg.read_io_bytes_max,
+            );
             drop(prio);
             match read {
                 Ok(()) => {}

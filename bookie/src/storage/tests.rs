@@ -106,6 +106,8 @@ fn config(dir: &Path) -> StorageConfig {
         index_cache_bytes_max: 16 << 20,
         read_ahead_entries_max: 100,
         read_ahead_bytes_max: 1 << 20,
+        // Small pieces: every read-ahead below goes to the disk in several.
+        read_io_bytes_max: 8 << 10,
         read_io_class: ReadIoClass::Idle,
         compaction_threshold: 0.5,
         reserved_bytes: 256 << 10,
