@@ -278,7 +278,17 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             "produce",
             vec!["--rate", "2000", "--batching", "--compression", "lz4"],
         ),
-        ("end-to-end", vec!["--rate", "1000", "--max-pending", "100"]),
+        (
+            "end-to-end",
+            vec![
+                "--rate",
+                "1000",
+                "--max-pending",
+                "100",
+                "--io-threads",
+                "1",
+            ],
+        ),
     ] {
         let t = topic(&format!("perf-{mode}"));
         let hist_path = dir.path().join(format!("{mode}-{}.json", extra.len()));
@@ -325,6 +335,13 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             assert!(v[k].is_number(), "{mode}: key {k} in {v}");
         }
         assert_eq!(v["msgs"], 500);
+        // The runtime's threads: one where asked, else 0 (one per CPU).
+        let io_threads = if extra.contains(&"--io-threads") {
+            1
+        } else {
+            0
+        };
+        assert_eq!(v["io_threads"], io_threads, "{mode}: {v}");
         assert!(v["msg_per_s"].as_f64().unwrap() > 0.0);
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
         assert!(v["mean_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
