@@ -680,10 +680,11 @@ async fn on_subscribe(conn: &mut Conn, c: &CommandSubscribe) {
 /// The settings a subscription of `topic` named `sub` opens with (on a
 /// SUBSCRIBE or through the admin API): the broker's consumer bound and,
 /// under a dispatch-rate quota, a read budget of `dispatch_read_budget_ms`
-/// (default a tenth of a second) of the tightest byte rate (as Pulsar's dispatchers read no more than the rate
-/// limiter's available permits), so a rate-limited catch-up reader pulls
-/// its backlog through the bookies and the broker in small, steady pieces
-/// instead of several MiB at once. The budget follows quota changes.
+/// (default a tenth of a second) of the tightest byte rate (as Pulsar's
+/// dispatchers read no more than the rate limiter's available permits), so
+/// a rate-limited catch-up reader pulls its backlog through the bookies and
+/// the broker in small, steady pieces instead of several MiB at once. The
+/// budget follows quota changes.
 pub(crate) async fn subscription_config(
     state: &crate::service::BrokerState,
     topic: &crate::topic_name::TopicName,

@@ -168,9 +168,9 @@ struct Common {
     topics: u32,
     /// Threads of the tool's async runtime, which run the SDK's connections,
     /// producers and consumers (0 = one per CPU). Like `pulsar-perf
-    /// --num-io-threads`. On a machine shared with the servers, one thread
-    /// saves the cross-thread wake-ups of a second; the pacer is a thread
-    /// of its own either way.
+    /// --num-io-threads`. The pacer is a thread of its own either way. (One
+    /// thread instead of two made no W2 difference on a 2-vCPU machine
+    /// shared with the servers: BENCHMARKS.md.)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
     io_threads: u16,
 }
