@@ -797,28 +797,22 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     Ok(out)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let (json_out, io_threads) = match &cli.mode {
         Mode::Produce(a) | Mode::Consume(a) | Mode::EndToEnd(a) => (a.json, a.io_threads),
     };
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if io_threads > 0 {
-        runtime.worker_threads(usize::from(io_threads));
-    }
-    let runtime = runtime
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let out = runtime.block_on(run(cli))?;
-    if json_out {
-        println!("{}", Value::Object(out));
-    } else {
-        for (k, v) in &out {
-            println!("{k:>12}: {v}");
+    cms_common::run_main_with(usize::from(io_threads), async move {
+        let out = run(cli).await?;
+        if json_out {
+            println!("{}", Value::Object(out));
+        } else {
+            for (k, v) in &out {
+                println!("{k:>12}: {v}");
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]
