@@ -22,6 +22,7 @@ use std::fmt::Debug;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 mod faulty;
 mod real;
@@ -182,5 +183,47 @@ impl DiskSpace {
     }
 }
 
+/// How long a writer that paces itself to `bytes_per_s` waits before its
+/// next write, having written `written` bytes in `elapsed` since it started:
+/// the time those bytes are due at that rate minus the time spent, `None`
+/// when it is not ahead (or the rate is not a positive number). Both paced
+/// background writers (journal pre-fill, entry-log flush) use it.
+pub(crate) fn pace_wait(written: u64, bytes_per_s: f64, elapsed: Duration) -> Option<Duration> {
+    if bytes_per_s.is_nan() || bytes_per_s <= 0.0 {
+        return None;
+    }
+    // A rate so low that the due time overflows a Duration waits "forever"
+    // (the callers' waits are bounded or interruptible).
+    Duration::try_from_secs_f64(written as f64 / bytes_per_s)
+        .unwrap_or(Duration::MAX)
+        .checked_sub(elapsed)
+        .filter(|w| !w.is_zero())
+}
+
 /// The file system type every storage component takes.
 pub type SharedFs = Arc<dyn Fs>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pace_wait_is_the_time_due_at_the_rate_minus_the_time_spent() {
+        let ms = Duration::from_millis;
+        // 1 MiB at 10 MiB/s is due at 100 ms.
+        let mib = 1 << 20;
+        let rate = 10.0 * mib as f64;
+        assert_eq!(pace_wait(mib, rate, ms(40)), Some(ms(60)));
+        assert_eq!(pace_wait(mib, rate, ms(100)), None, "on time: no wait");
+        assert_eq!(pace_wait(mib, rate, ms(250)), None, "behind: no wait");
+        assert_eq!(pace_wait(0, rate, Duration::ZERO), None);
+        for no_rate in [0.0, -1.0, f64::NAN] {
+            assert_eq!(pace_wait(mib, no_rate, Duration::ZERO), None, "{no_rate}");
+        }
+        // A due time beyond a Duration's range is a long wait, not a panic.
+        assert_eq!(
+            pace_wait(u64::MAX, 1e-300, ms(1)),
+            Some(Duration::MAX - ms(1))
+        );
+    }
+}

@@ -134,9 +134,9 @@ fn zero_fill(f: &dyn FsFile, from: u64, to: u64, pace: Option<&FillPace<'_>>) ->
     let started = std::time::Instant::now();
     let mut at = from;
     while at < to {
-        if let Some(p) = pace.filter(|p| p.bytes_per_s > 0.0) {
-            let due = std::time::Duration::from_secs_f64((at - from) as f64 / p.bytes_per_s);
-            while let Some(wait) = due.checked_sub(started.elapsed()).filter(|w| !w.is_zero()) {
+        if let Some(p) = pace {
+            while let Some(wait) = crate::fs::pace_wait(at - from, p.bytes_per_s, started.elapsed())
+            {
                 if let Err(std::sync::mpsc::RecvTimeoutError::Disconnected) =
                     p.stop.recv_timeout(wait)
                 {

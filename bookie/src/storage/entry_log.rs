@@ -225,16 +225,15 @@ impl Pace {
     /// [`Pace::after`] at time `now`.
     fn after_at(&mut self, bytes: u64, now: Instant) -> Option<Duration> {
         self.written += bytes;
-        if self.hurry.load(Ordering::Acquire)
-            || self.bytes_per_s.is_nan()
-            || self.bytes_per_s <= 0.0
-        {
+        if self.hurry.load(Ordering::Acquire) {
             return None;
         }
-        let due = Duration::from_secs_f64(self.written as f64 / self.bytes_per_s);
-        due.checked_sub(now.saturating_duration_since(self.started))
-            .filter(|w| !w.is_zero())
-            .map(|w| w.min(PACE_WAIT_MAX))
+        crate::fs::pace_wait(
+            self.written,
+            self.bytes_per_s,
+            now.saturating_duration_since(self.started),
+        )
+        .map(|w| w.min(PACE_WAIT_MAX))
     }
 }
 
