@@ -414,6 +414,10 @@ async fn bench_suite_quick_w1_writes_a_json_line_with_the_fields() {
         l["cpu_model"].as_str().is_some(),
         "the host's CPU model is recorded: {l}"
     );
+    assert!(
+        l["guest_halt_poll_ns"].is_u64() || l["guest_halt_poll_ns"].is_null(),
+        "the guest's halt polling is recorded (null where absent): {l}"
+    );
     for k in [
         "msg_per_s",
         "p50_ms",
