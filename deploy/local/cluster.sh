@@ -163,8 +163,11 @@ cmd_up() {
   local zk_port
   zk_port=$(free_port)
   mkdir -p "$DIR/zk1/data"
+  # tickTime 500 ms: ZooKeeper expires sessions in tick-sized buckets, so a
+  # dead broker's ownership nodes go between its 4 s session timeout and one
+  # tick later (W6's resume; docs/ownership.md). Sessions may be 1-20 s.
   cat >"$DIR/zk1/zoo.cfg" <<CFG
-tickTime=1000
+tickTime=500
 dataDir=$DIR/zk1/data
 clientPort=$zk_port
 clientPortAddress=127.0.0.1

@@ -183,6 +183,11 @@ pub enum JournalError {
 pub struct JournalMetrics {
     /// Time of each `fdatasync`, seconds.
     fsync_seconds: Histogram,
+    /// Time of each group's data write (`pwrite`, before its sync), seconds.
+    /// A write into the page cache is usually microseconds; a long one
+    /// waited in the kernel (the file system's own journal, a page under
+    /// writeback), and every append of the group and behind it waited too.
+    write_seconds: Histogram,
     /// Records per flushed group.
     group_records: Histogram,
     /// Bytes written (padding included).
@@ -196,6 +201,7 @@ impl JournalMetrics {
     pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self::build()?;
         registry.register(Box::new(m.fsync_seconds.clone()))?;
+        registry.register(Box::new(m.write_seconds.clone()))?;
         registry.register(Box::new(m.group_records.clone()))?;
         registry.register(Box::new(m.written_bytes.clone()))?;
         registry.register(Box::new(m.queue_records.clone()))?;
@@ -217,6 +223,13 @@ impl JournalMetrics {
                 HistogramOpts::new(
                     "cms_journal_fsync_seconds",
                     "Time of each journal fdatasync",
+                )
+                .buckets(prometheus::exponential_buckets(50e-6, 2.0, 16)?),
+            )?,
+            write_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "cms_journal_write_seconds",
+                    "Time of each journal group's data write (before its fdatasync)",
                 )
                 .buckets(prometheus::exponential_buckets(50e-6, 2.0, 16)?),
             )?,

@@ -666,7 +666,8 @@ fn metrics_register_once_per_registry() {
     let reg = prometheus::Registry::new();
     let m = JournalMetrics::new(&reg).unwrap();
     m.fsync_seconds.observe(0.001);
-    assert_eq!(reg.gather().len(), 4);
+    m.write_seconds.observe(0.001);
+    assert_eq!(reg.gather().len(), 5);
     assert!(JournalMetrics::new(&reg).is_err());
 }
 

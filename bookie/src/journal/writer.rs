@@ -182,12 +182,14 @@ impl Writer {
         let page_end = end.next_multiple_of(PAGE_BYTES).min(file_end);
         self.buf.resize((page_end - self.write_pos) as usize, 0);
         let records = self.waiters.len();
+        let t = Instant::now();
         if let Err(e) = self.file.write_at(&self.buf, self.write_pos) {
             return Err(io_err("write", &self.path(), e));
         }
+        let m = &self.shared.metrics;
+        m.write_seconds.observe(t.elapsed().as_secs_f64());
         self.write_pos += padded as u64;
         self.buf.clear();
-        let m = &self.shared.metrics;
         m.written_bytes.inc_by(padded as u64);
         m.group_records.observe(records as f64);
         if self.shared.cfg.sync_policy == SyncPolicy::FsyncBeforeAck {

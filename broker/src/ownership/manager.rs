@@ -523,7 +523,7 @@ impl Ownership {
                         // yet): redirecting the client here again would loop
                         // (the client gives up with TooManyLookupRequest
                         // after its redirect limit). Wait for the node to go.
-                        if self.wait_gone(&path).await? {
+                        if self.wait_gone(&path, stat.ephemeral_owner).await? {
                             continue;
                         }
                         return Err(OwnershipError::Unavailable(format!(
@@ -537,7 +537,7 @@ impl Ownership {
                         // address (each failed attempt doubles its backoff).
                         // A hint only: ownership still moves only when the
                         // node is gone.
-                        if self.wait_gone(&path).await? {
+                        if self.wait_gone(&path, stat.ephemeral_owner).await? {
                             continue;
                         }
                     }
@@ -624,12 +624,17 @@ impl Ownership {
     /// Waits (bounded by twice the session timeout: ZooKeeper expires a
     /// session between one timeout and one timeout plus a tick after its
     /// last contact, and a tick is at most half the timeout) for the node at
-    /// `path` to disappear; true if it did.
-    async fn wait_gone(&self, path: &str) -> Result<bool, OwnershipError> {
+    /// `path` held by session `owner` to disappear; true if it did. A node
+    /// of another session at `path` counts as gone: another lookup (often
+    /// of this broker, for the same topic's consumer) took the bundle
+    /// between two polls, and waiting on would only end at the deadline
+    /// with a redirect to the dead owner.
+    async fn wait_gone(&self, path: &str, owner: i64) -> Result<bool, OwnershipError> {
         let deadline = Instant::now() + Duration::from_millis(self.cfg.session_timeout_ms * 2);
         while Instant::now() < deadline {
             match self.store.exists(path).await {
                 Ok(None) | Err(MetadataError::NoNode(_)) => return Ok(true),
+                Ok(Some(stat)) if stat.ephemeral_owner != owner => return Ok(true),
                 Ok(Some(_)) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -1489,6 +1494,73 @@ mod tests {
         .unwrap();
         assert_eq!(x.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
         assert!(x.own.check_owned(&t).await.is_ok());
+    }
+
+    /// W6's broker kill: a producer's and a consumer's lookups both wait on
+    /// the dead owner's node; when it goes, the first to look takes the
+    /// bundle. The other must answer at once, not keep waiting for a node
+    /// that is now this broker's (until the deadline, then a redirect to
+    /// the dead address: an 8 s resume instead of 4 s).
+    #[tokio::test]
+    async fn a_lookup_waiting_on_a_dead_owner_follows_a_takeover_between_polls() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = EmbeddedBackend::open(&dir.path().join("m.redb")).unwrap();
+        let x = Arc::new(node(&backend, "x", true).await);
+        let t = topic("persistent://public/default/taken-over");
+        let key = x.own.bundle_of(&t).await.unwrap();
+        let path = x.own.node_path(&key);
+        // The dead owner: its session lives on, its port refuses connections.
+        let dead_url = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("pulsar://{}", l.local_addr().unwrap())
+        };
+        let old = backend.session();
+        old.create_all(cms_bookie::metadata::parent_of(&path).unwrap())
+            .await
+            .unwrap();
+        let rec = OwnerRecord {
+            broker_id: "dead".into(),
+            service_url: dead_url.clone(),
+            http_url: dead_url.replace("pulsar", "http"),
+            service_url_tls: None,
+            http_url_tls: None,
+        };
+        old.create(
+            &path,
+            &serde_json::to_vec(&rec).unwrap(),
+            CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
+        let waiting = {
+            let x = x.clone();
+            let t = t.clone();
+            tokio::spawn(async move { x.own.lookup(&t, false).await })
+        };
+        // It waits while the dead owner's session holds the node.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiting.is_finished(),
+            "answered while the dead owner holds the bundle"
+        );
+        let mut session = old.session_events();
+        old.expire_session_for_test();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            session.wait_for(|s| *s == SessionState::Expired),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        // A second lookup takes the bundle within the first one's poll
+        // interval (the node is gone and re-created in between).
+        assert_eq!(x.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
+        let answer = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting lookup still waits after the takeover")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer, LookupAnswer::Connect);
     }
 
     #[tokio::test]

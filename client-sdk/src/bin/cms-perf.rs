@@ -153,6 +153,13 @@ struct Common {
     /// pooled exactly (scripts/bench-w5 pools its rounds this way).
     #[arg(long)]
     histogram_out: Option<std::path::PathBuf>,
+    /// Also write every publish sample to this file, one line per message
+    /// in receipt order: `due_us latency_us`, the intended send time (µs
+    /// after the timed phase started) and the publish latency (µs), to see
+    /// where in a run the tail falls. Kept in memory until the end (16
+    /// bytes a message, bounded by `--messages`).
+    #[arg(long)]
+    samples_out: Option<std::path::PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -315,6 +322,7 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
         hists: std::sync::Mutex::new(Recorded {
             latency: histogram(),
             late: histogram(),
+            samples: a.samples_out.as_ref().map(|_| Vec::new()),
         }),
         pb: pb.clone(),
     });
@@ -339,6 +347,9 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
     }
     pb.finish_and_clear();
     let recorded = shared.hists();
+    if let (Some(path), Some(samples)) = (&a.samples_out, &recorded.samples) {
+        write_samples(path, samples)?;
+    }
     Ok(Produced {
         latency: recorded.latency.clone(),
         late: recorded.late.clone(),
@@ -346,6 +357,19 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
         sent,
         elapsed,
     })
+}
+
+/// Writes `--samples-out`: one `due_us latency_us` line per sample.
+fn write_samples(path: &std::path::Path, samples: &[(u64, u64)]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let f = std::fs::File::create(path)
+        .with_context(|| format!("creating --samples-out {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    for (due, us) in samples {
+        writeln!(w, "{due} {us}")?;
+    }
+    w.flush()
+        .with_context(|| format!("writing --samples-out {}", path.display()))
 }
 
 /// What a run of producers measured.
@@ -494,7 +518,12 @@ async fn produce_one(
             match f.await {
                 Ok(_) => {
                     let us = (intended.elapsed().as_micros() as u64).max(1);
-                    let _ = run2.hists().latency.record(us);
+                    let mut h = run2.hists();
+                    let _ = h.latency.record(us);
+                    if let Some(s) = h.samples.as_mut() {
+                        let due = intended.saturating_duration_since(start).as_micros() as u64;
+                        s.push((due, us));
+                    }
                 }
                 Err(_) => errors += 1,
             }
@@ -563,6 +592,8 @@ struct ProducerRun {
 struct Recorded {
     latency: Histogram<u64>,
     late: Histogram<u64>,
+    /// `--samples-out`: (intended send µs after the start, latency µs).
+    samples: Option<Vec<(u64, u64)>>,
 }
 
 /// What the producers of a run share: the histograms and the progress bar.
@@ -799,6 +830,18 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The SDK's logs (reconnects, redirects) on stderr only when asked for
+    // with RUST_LOG: a benchmark's output stays its JSON.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let args = cms_common::logging::LogArgs {
+            log_format: cms_common::logging::LogFormat::Text,
+            log_level: "warn".into(),
+        };
+        if let Err(e) = cms_common::logging::init_logging(&args) {
+            eprintln!("cms-perf: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    }
     let (json_out, io_threads) = match &cli.mode {
         Mode::Produce(a) | Mode::Consume(a) | Mode::EndToEnd(a) => (a.json, a.io_threads),
     };
@@ -897,6 +940,19 @@ mod tests {
         }
         let values: Vec<u64> = pairs.iter().map(|p| p[0].as_u64().unwrap()).collect();
         assert!(values.windows(2).all(|w| w[0] < w[1]), "in value order");
+    }
+
+    #[test]
+    fn samples_out_writes_one_line_per_sample_in_order() {
+        let dir = std::env::temp_dir().join(format!("cms-perf-samples-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("samples.txt");
+        write_samples(&path, &[(0, 412), (500, 1_933), (1_000, 388)]).unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        let err = write_samples(&dir.join("no/such/dir"), &[]).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(written, "0 412\n500 1933\n1000 388\n");
+        assert!(err.to_string().contains("--samples-out"), "{err}");
     }
 
     #[test]

@@ -68,7 +68,14 @@ impl ClientBuilder {
         self.opts.keep_alive = d.max(Duration::from_millis(100));
         self
     }
-    /// Reconnect backoff: first delay and cap. Default 100 ms .. 30 s.
+    /// Reconnect backoff of producers and consumers: first delay and cap,
+    /// each delay doubling from the first and jittered into its upper half.
+    /// Default 100 ms .. 1 s (as Kafka's clients; Pulsar's use 60 s): after
+    /// a broker dies its topics move once its metadata session expires,
+    /// and a producer then waits at most the cap before it tries again (a
+    /// 30 s cap let the doubling reach 3.2-6.4 s during a 4 s session and
+    /// resume up to 8 s after the crash, BENCHMARKS.md W6). Raise it to
+    /// spread a very large fleet's reconnects more thinly.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.opts.backoff_initial = initial;
         self.opts.backoff_max = max;
@@ -165,7 +172,7 @@ impl Client {
                 connection_timeout: Duration::from_secs(10),
                 keep_alive: Duration::from_secs(30),
                 backoff_initial: Duration::from_millis(100),
-                backoff_max: Duration::from_secs(30),
+                backoff_max: Duration::from_secs(1),
                 token: None,
                 tls: TlsOptions::default(),
             },
