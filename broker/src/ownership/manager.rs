@@ -1377,6 +1377,20 @@ mod tests {
         }
     }
 
+    /// Ends `store`'s session (its ephemeral nodes go) and waits until it
+    /// reports the expiry.
+    async fn expire(store: &cms_bookie::metadata::embedded::EmbeddedStore) {
+        let mut session = store.session_events();
+        store.expire_session_for_test();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            session.wait_for(|s| *s == SessionState::Expired),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    }
+
     fn topic(name: &str) -> TopicName {
         TopicName::parse(name).unwrap()
     }
@@ -1427,15 +1441,7 @@ mod tests {
         assert_eq!(rec.service_url, owner.url);
 
         // The owner's session ends: its node goes, the other broker takes it.
-        let mut session = owner.store.session_events();
-        owner.store.expire_session_for_test();
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            session.wait_for(|s| *s == SessionState::Expired),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        expire(&owner.store).await;
         assert_eq!(
             other.own.lookup(&t, true).await.unwrap(),
             LookupAnswer::Connect
@@ -1483,15 +1489,7 @@ mod tests {
                 .is_err(),
             "answered while an earlier session holds the bundle"
         );
-        let mut session = old.session_events();
-        old.expire_session_for_test();
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            session.wait_for(|s| *s == SessionState::Expired),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        expire(&old).await;
         assert_eq!(x.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
         assert!(x.own.check_owned(&t).await.is_ok());
     }
@@ -1543,15 +1541,7 @@ mod tests {
             !waiting.is_finished(),
             "answered while the dead owner holds the bundle"
         );
-        let mut session = old.session_events();
-        old.expire_session_for_test();
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            session.wait_for(|s| *s == SessionState::Expired),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        expire(&old).await;
         // A second lookup takes the bundle within the first one's poll
         // interval (the node is gone and re-created in between).
         assert_eq!(x.own.lookup(&t, true).await.unwrap(), LookupAnswer::Connect);
