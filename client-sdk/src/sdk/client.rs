@@ -71,11 +71,11 @@ impl ClientBuilder {
     /// Reconnect backoff of producers and consumers: first delay and cap,
     /// each delay doubling from the first and jittered into its upper half.
     /// Default 100 ms .. 1 s (as Kafka's clients; Pulsar's use 60 s): after
-    /// a broker dies its topics move once its metadata session expires,
-    /// and a producer then waits at most the cap before it tries again (a
-    /// 30 s cap let the doubling reach 3.2-6.4 s during a 4 s session and
-    /// resume up to 8 s after the crash, BENCHMARKS.md W6). Raise it to
-    /// spread a very large fleet's reconnects more thinly.
+    /// a broker dies its topics move once its metadata session expires, and
+    /// a producer whose tries failed fast meanwhile waits at most the cap
+    /// before the next (with a 30 s cap the doubling reaches 3.2-6.4 s
+    /// within a 4 s session). Raise it to spread a very large fleet's
+    /// reconnects more thinly.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.opts.backoff_initial = initial;
         self.opts.backoff_max = max;
