@@ -62,25 +62,7 @@ pub struct BrokerMetrics {
     pub runtime_lag: Histogram,
 }
 
-/// How often [`run_lag_probe`] asks to be woken.
-pub const LAG_PROBE_INTERVAL: Duration = Duration::from_millis(10);
-
-/// Records, every [`LAG_PROBE_INTERVAL`], how much later than asked a
-/// sleeping task was woken and polled on this runtime, until `stop` turns
-/// true. The timer's own resolution is 1 ms, so lags under about 1 ms are
-/// the timer's; longer ones are time when every runtime thread was busy
-/// elsewhere (or the process had no CPU).
-pub async fn run_lag_probe(lag: Histogram, mut stop: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        let due = tokio::time::Instant::now() + LAG_PROBE_INTERVAL;
-        tokio::select! {
-            _ = crate::connection::wait_true(&mut stop) => return,
-            _ = tokio::time::sleep_until(due) => {
-                lag.observe(due.elapsed().as_secs_f64());
-            }
-        }
-    }
-}
+pub use cms_bookie::server::metrics::{LAG_PROBE_INTERVAL, run_lag_probe};
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(
     r: &Registry,
@@ -209,15 +191,10 @@ impl BrokerMetrics {
             )?,
             runtime_lag: reg(
                 r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "cms_broker_runtime_lag_seconds",
-                        "How late a 10 ms timer task was polled on the broker's runtime \
-                         (every runtime thread busy, or no CPU for the process)",
-                    )
-                    .buckets(vec![
-                        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-                    ]),
+                cms_bookie::server::metrics::runtime_lag_histogram(
+                    "cms_broker_runtime_lag_seconds",
+                    "How late a 10 ms timer task was polled on the broker's runtime \
+                     (every runtime thread busy, or no CPU for the process)",
                 )?,
             )?,
         })
@@ -260,40 +237,6 @@ mod tests {
         );
         // Registering twice in one registry is refused, not silently doubled.
         assert!(BrokerMetrics::new(&r).is_err());
-    }
-
-    /// A task that holds the only runtime thread for 60 ms shows up as one
-    /// lag of at least that long; the probe stops when told to.
-    #[tokio::test(flavor = "current_thread")]
-    async fn the_lag_probe_sees_a_blocked_runtime_thread() {
-        let r = Registry::new();
-        let m = BrokerMetrics::new(&r).unwrap();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let probe = tokio::spawn(run_lag_probe(m.runtime_lag.clone(), stop_rx));
-        // Let the probe run a while, then block the thread past its due time.
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        let (count0, sum0) = (
-            m.runtime_lag.get_sample_count(),
-            m.runtime_lag.get_sample_sum(),
-        );
-        std::thread::sleep(Duration::from_millis(60));
-        // One thread: the probe's next sample is the one that waited for the block.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while m.runtime_lag.get_sample_count() == count0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the probe never recorded"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert_eq!(m.runtime_lag.get_sample_count(), count0 + 1);
-        let lag = m.runtime_lag.get_sample_sum() - sum0;
-        assert!(lag >= 0.045, "lag {lag} s after a 60 ms block");
-        stop_tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), probe)
-            .await
-            .expect("the probe stops when told")
-            .unwrap();
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the bookie server (the journal and ledger storage
 //! register their own in the same registry): add latency and outcomes, reads,
-//! bytes, mode, cached ledgers, disk use.
+//! bytes, mode, cached ledgers, disk use, and the runtime's lag
+//! ([`run_lag_probe`], which the broker runs too).
 
 use std::time::Duration;
 
@@ -39,6 +40,37 @@ pub struct ServerMetrics {
     pub disk_total_bytes: IntGauge,
     /// Adds in flight over all connections.
     pub adds_in_flight: IntGauge,
+    /// How late the runtime lag probe's timer fired, in seconds
+    /// ([`run_lag_probe`]).
+    pub runtime_lag: Histogram,
+}
+
+/// How often [`run_lag_probe`] asks to be woken.
+pub const LAG_PROBE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A histogram for [`run_lag_probe`] named `name`, with buckets from 1 ms
+/// to 5 s.
+pub fn runtime_lag_histogram(name: &str, help: &str) -> Result<Histogram, prometheus::Error> {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(vec![
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+    ]))
+}
+
+/// Records, every [`LAG_PROBE_INTERVAL`], how much later than asked a
+/// sleeping task was woken and polled on this runtime, until `stop` turns
+/// true (or its sender is gone). The timer's own resolution is 1 ms, so
+/// lags under about 1 ms are the timer's; longer ones are time when every
+/// runtime thread was busy elsewhere (or the process had no CPU).
+pub async fn run_lag_probe(lag: Histogram, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let due = tokio::time::Instant::now() + LAG_PROBE_INTERVAL;
+        tokio::select! {
+            _ = stop.wait_for(|v| *v) => return,
+            _ = tokio::time::sleep_until(due) => {
+                lag.observe(due.elapsed().as_secs_f64());
+            }
+        }
+    }
 }
 
 impl ServerMetrics {
@@ -55,6 +87,7 @@ impl ServerMetrics {
         registry.register(Box::new(m.disk_used_bytes.clone()))?;
         registry.register(Box::new(m.disk_total_bytes.clone()))?;
         registry.register(Box::new(m.adds_in_flight.clone()))?;
+        registry.register(Box::new(m.runtime_lag.clone()))?;
         Ok(m)
     }
 
@@ -97,6 +130,12 @@ impl ServerMetrics {
                 "Capacity of the ledger directory's file system",
             ),
             adds_in_flight: gauge("cms_bookie_adds_in_flight", "Adds in flight"),
+            runtime_lag: runtime_lag_histogram(
+                "cms_bookie_runtime_lag_seconds",
+                "How late a 10 ms timer task was polled on the bookie's runtime \
+                 (every runtime thread busy, or no CPU for the process)",
+            )
+            .unwrap_or_else(|e| unreachable_metric("cms_bookie_runtime_lag_seconds", &e)),
         }
     }
 
@@ -120,4 +159,52 @@ impl ServerMetrics {
 #[allow(clippy::panic, reason = "constant metric definitions")]
 fn unreachable_metric(name: &str, e: &prometheus::Error) -> ! {
     panic!("metric {name} is malformed: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task that holds the only runtime thread for 60 ms shows up as one
+    /// lag of at least that long; the probe stops when told to.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_lag_probe_sees_a_blocked_runtime_thread() {
+        let lag = runtime_lag_histogram("lag_seconds", "test").unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let probe = tokio::spawn(run_lag_probe(lag.clone(), stop_rx));
+        // Let the probe run a while, then block the thread past its due time.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        let (count0, sum0) = (lag.get_sample_count(), lag.get_sample_sum());
+        std::thread::sleep(Duration::from_millis(60));
+        // One thread: the probe's next sample is the one that waited for the block.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while lag.get_sample_count() == count0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the probe never recorded"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(lag.get_sample_count(), count0 + 1);
+        let took = lag.get_sample_sum() - sum0;
+        assert!(took >= 0.045, "lag {took} s after a 60 ms block");
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), probe)
+            .await
+            .expect("the probe stops when told")
+            .unwrap();
+    }
+
+    #[test]
+    fn server_metrics_register_once_with_the_lag_histogram() {
+        let r = Registry::new();
+        let m = ServerMetrics::new(&r).unwrap();
+        m.runtime_lag.observe(0.003);
+        assert!(
+            r.gather()
+                .iter()
+                .any(|f| f.name() == "cms_bookie_runtime_lag_seconds")
+        );
+        assert!(ServerMetrics::new(&r).is_err());
+    }
 }

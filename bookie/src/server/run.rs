@@ -280,6 +280,10 @@ pub async fn run(
         registrar.clone(),
         stop_rx.clone(),
     )));
+    tasks.push(tokio::spawn(super::metrics::run_lag_probe(
+        core.metrics().runtime_lag.clone(),
+        stop_rx.clone(),
+    )));
     tasks.push(tokio::spawn(checkpoint_loop(
         Duration::from_millis(cfg.checkpoint_interval_ms.max(1)),
         core.clone(),
