@@ -62,7 +62,7 @@ pub struct BrokerMetrics {
     pub runtime_lag: Histogram,
 }
 
-pub use cms_bookie::server::metrics::{LAG_PROBE_INTERVAL, run_lag_probe};
+pub use cms_bookie::server::metrics::run_lag_probe;
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(
     r: &Registry,
