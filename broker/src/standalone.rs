@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Command, FromArgMatches};
+use cms_bookie::fs::Fs;
 use cms_bookie::metadata::MetadataStore;
 use cms_bookie::metadata::connect::{MetadataUrl, connect};
 use cms_bookie::metadata::layout::Layout;
@@ -68,16 +69,41 @@ pub fn bookie_config(
     Ok(b)
 }
 
+/// The error for an in-process bookie that registered read-only: its disk is
+/// fuller than the threshold, and a standalone with no writable bookie
+/// cannot store anything.
+fn read_only_error(config: &BrokerConfig) -> BrokerError {
+    let dir = config.data_dir_abs();
+    let used = cms_bookie::fs::RealFs
+        .space(&dir)
+        .map(|s| format!("{:.1} %", s.used_fraction() * 100.0))
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    BrokerError::Io(format!(
+        "the in-process bookie is read-only: the disk of {} is {used} used, at or above \
+         standalone_disk_usage_threshold {}; free space or raise the threshold \
+         (--standalone-disk-usage-threshold)",
+        dir.display(),
+        config.standalone_disk_usage_threshold
+    ))
+}
+
 async fn wait_for_bookie(
     store: &Arc<dyn MetadataStore>,
     layout: &Layout,
+    config: &BrokerConfig,
     bookie: &mut tokio::task::JoinHandle<Result<(), cms_bookie::server::ServerError>>,
 ) -> Result<(), BrokerError> {
     let path = join(&layout.bookies_available(), STANDALONE_BOOKIE_ID);
+    let readonly = join(&layout.bookies_readonly(), STANDALONE_BOOKIE_ID);
     let deadline = Instant::now() + Duration::from_millis(BOOKIE_START_TIMEOUT_MS);
     loop {
         match store.exists(&path).await {
             Ok(Some(_)) => return Ok(()),
+            Ok(None) | Err(MetadataError::NoNode(_)) => {}
+            Err(e) => return Err(BrokerError::Metadata(e.to_string())),
+        }
+        match store.exists(&readonly).await {
+            Ok(Some(_)) => return Err(read_only_error(config)),
             Ok(None) | Err(MetadataError::NoNode(_)) => {}
             Err(e) => return Err(BrokerError::Metadata(e.to_string())),
         }
@@ -132,7 +158,7 @@ pub async fn run(
     let mut bookie = tokio::spawn(cms_bookie::server::run(bookie_cfg, async move {
         let _ = bookie_stop_rx.await;
     }));
-    wait_for_bookie(&store, &layout, &mut bookie).await?;
+    wait_for_bookie(&store, &layout, &config, &mut bookie).await?;
     info!("in-process bookie registered");
 
     let broker = crate::service::run(config, Mode::Standalone, store.clone(), shutdown, on_bound);

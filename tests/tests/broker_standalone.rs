@@ -269,3 +269,44 @@ async fn clients_ride_through_a_kill_9_without_losing_acknowledged_messages() {
         "received messages never sent: {phantoms:?}"
     );
 }
+
+/// A standalone whose in-process bookie comes up read-only (its disk is at or
+/// above the threshold; 0.0 makes any disk so) exits at once with an error
+/// that names the disk's usage and the setting, instead of waiting 30 s for
+/// a writable bookie that cannot come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_on_a_full_disk_exits_naming_the_threshold() {
+    let bin = cms_tests::harness::bins::find("cms-broker").expect("cms-broker binary");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(&bin)
+            .args([
+                "standalone",
+                "--standalone-disk-usage-threshold=0.0",
+                &format!("--data-dir={}", dir.path().join("data").display()),
+                "--broker-bind=127.0.0.1:0",
+                "--http-bind=127.0.0.1:0",
+            ])
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("exit within 30 s")
+    .expect("run cms-broker");
+    let took = started.elapsed();
+    assert!(!out.status.success(), "started with a read-only bookie");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("in-process bookie is read-only")
+            && stderr.contains("% used")
+            && stderr.contains("--standalone-disk-usage-threshold"),
+        "{stderr}"
+    );
+    assert!(
+        took.as_secs() < 15,
+        "exited after {took:?}: it should not wait out the registration timeout"
+    );
+}
