@@ -56,9 +56,58 @@ usage() {
   exit 2
 }
 
-# A free loopback TCP port (bound then released; the caller uses it at once).
+# A free loopback TCP port for a process about to start. It comes from below
+# the kernel's ephemeral range (as the test harness's ports do), so no
+# outgoing connection or port-0 listener of another process can take it
+# before the process binds it (a bench run once failed on exactly that: a
+# broker's HTTP port, handed out by the kernel, was in use when it bound);
+# it is not one this cluster already got ($DIR/ports), and not one a running
+# test process holds (its lock in $TMPDIR/cms-test-ports). Ports from the
+# kernel are the fallback when the range below the ephemeral one is too small.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 - "$DIR/ports" "${TMPDIR:-/tmp}/cms-test-ports" <<'PY'
+import fcntl, os, random, socket, sys
+taken_file, lock_dir = sys.argv[1], sys.argv[2]
+taken = set()
+if os.path.exists(taken_file):
+    taken = {int(x) for x in open(taken_file).read().split()}
+def bindable(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+def held_by_a_test(port):
+    try:
+        fd = os.open(os.path.join(lock_dir, f"{port}.lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+port = None
+for _ in range(1000):
+    if low >= 11000:
+        p = random.randrange(10000, low)
+    else:
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+    if p not in taken and not held_by_a_test(p) and bindable(p):
+        port = p
+        break
+if port is None:
+    sys.exit("cluster.sh: no free loopback port after 1000 attempts")
+with open(taken_file, "a") as f:
+    f.write(f"{port}\n")
+print(port)
+PY
 }
 
 # Whether PID runs (not a zombie) and its command line names DIR.
