@@ -212,6 +212,29 @@ impl Counters {
     }
 }
 
+impl Inner {
+    /// Applies `f` to the usage counters of `topic`'s tenant and of its
+    /// namespace, creating them on first use.
+    fn count(&mut self, topic: &TopicName, f: impl Fn(&mut Counters)) {
+        apply(&mut self.tenants, &topic.tenant, &f);
+        let key = &mut self.key_buf;
+        key.clear();
+        key.push_str(&topic.tenant);
+        key.push('/');
+        key.push_str(&topic.namespace);
+        apply(&mut self.namespaces, key, &f);
+    }
+}
+
+/// Applies `f` to the counters under `key`, inserted (default) when absent;
+/// the key is copied only then.
+fn apply(map: &mut HashMap<String, Counters>, key: &str, f: &impl Fn(&mut Counters)) {
+    match map.get_mut(key) {
+        Some(c) => f(c),
+        None => f(map.entry(key.to_owned()).or_default()),
+    }
+}
+
 /// Backlog-quota state of a loaded topic.
 #[derive(Debug, Clone)]
 pub struct Blocked {
@@ -225,6 +248,10 @@ pub struct Blocked {
 struct Inner {
     tenants: HashMap<String, Counters>,
     namespaces: HashMap<String, Counters>,
+    /// Reused to build `tenant/namespace` lookup keys: counting a publish
+    /// or a dispatch allocates nothing once its tenant and namespace have
+    /// counters (it runs once per message).
+    key_buf: String,
     /// Fresh reports of every broker (this one included), by broker id.
     reports: BTreeMap<String, UsageReport>,
     /// `t:<tenant>`, `n:<tenant/ns>`, `p:<topic>`.
@@ -232,12 +259,12 @@ struct Inner {
     blocked: HashMap<String, Blocked>,
     /// Loaded topic → its `producer_request_hold` backlog limit (None
     /// stored when the policy is something else or unset).
-    hold_limits: HashMap<String, Option<u64>>,
+    hold_limits: HashMap<TopicName, Option<u64>>,
     /// Scopes over `storageBytes` (`t:..` / `n:..`) → reason.
     storage_over: HashMap<String, String>,
     /// Loaded topics over a `message_age` quota with the
     /// `producer_request_hold` policy (measured every interval).
-    age_held: HashSet<String>,
+    age_held: HashSet<TopicName>,
     /// Topic → (oldest unacknowledged position, its publish time in ms):
     /// the entry is read again only when the position moves.
     age_cache: HashMap<String, (crate::managed_ledger::Position, Option<u64>)>,
@@ -720,18 +747,10 @@ impl QuotaService {
         msgs: u64,
         bytes: u64,
     ) -> Vec<Charge> {
-        {
-            let mut g = lock(&self.inner);
-            let g = &mut *g;
-            let key = format!("{}/{}", topic.tenant, topic.namespace);
-            for c in [
-                g.tenants.entry(topic.tenant.clone()).or_default(),
-                g.namespaces.entry(key).or_default(),
-            ] {
-                c.published_msgs += msgs;
-                c.published_bytes += bytes;
-            }
-        }
+        lock(&self.inner).count(topic, |c| {
+            c.published_msgs += msgs;
+            c.published_bytes += bytes;
+        });
         buckets
             .iter()
             .filter(|b| b.rates() != (None, None))
@@ -795,16 +814,10 @@ impl QuotaService {
     }
 
     fn count_dispatch(&self, topic: &TopicName, msgs: u64, bytes: u64) {
-        let mut g = lock(&self.inner);
-        let g = &mut *g;
-        let key = format!("{}/{}", topic.tenant, topic.namespace);
-        for c in [
-            g.tenants.entry(topic.tenant.clone()).or_default(),
-            g.namespaces.entry(key).or_default(),
-        ] {
+        lock(&self.inner).count(topic, |c| {
             c.dispatched_msgs += msgs;
             c.dispatched_bytes += bytes;
-        }
+        });
     }
 
     /// Whether `topic`'s producers are held (`producer_request_hold`),
@@ -812,12 +825,11 @@ impl QuotaService {
     /// limit last read from the namespace policies (or the policies the
     /// topic was loaded with, before the first interval).
     pub fn is_held(&self, topic: &Topic) -> bool {
-        let name = topic.name.to_string();
         let (limit, age_held) = {
             let g = lock(&self.inner);
             (
-                g.hold_limits.get(&name).copied(),
-                g.age_held.contains(&name),
+                g.hold_limits.get(&topic.name).copied(),
+                g.age_held.contains(&topic.name),
             )
         };
         if age_held {
@@ -1121,7 +1133,7 @@ impl QuotaService {
             };
             let q = p.backlog_quota_map.get("destination_storage");
             hold_limits.insert(
-                t.name.to_string(),
+                t.name.clone(),
                 q.filter(|q| q.policy == "producer_request_hold")
                     .and_then(|q| u64::try_from(q.limit_size).ok()),
             );
@@ -1153,7 +1165,7 @@ impl QuotaService {
                     t.name, q.limit_time, q.policy
                 );
                 if q.policy == "producer_request_hold" {
-                    age_held.insert(t.name.to_string());
+                    age_held.insert(t.name.clone());
                 }
                 over.push((
                     q.policy.clone(),
@@ -1379,6 +1391,31 @@ mod tests {
             msgs,
             bytes,
         }
+    }
+
+    #[test]
+    fn usage_counts_go_to_the_topics_tenant_and_namespace() {
+        let mut inner = Inner::default();
+        let a = TopicName::parse("persistent://t1/ns1/a").unwrap();
+        let b = TopicName::parse("persistent://t1/ns2/b").unwrap();
+        // Same tenant, other namespace; and a tenant whose name with a
+        // namespace's could run together into another's key.
+        let c = TopicName::parse("persistent://t1/ns1/c").unwrap();
+        let d = TopicName::parse("persistent://t/1ns1/d").unwrap();
+        for (t, n) in [(&a, 2), (&b, 3), (&c, 5), (&a, 7), (&d, 11)] {
+            inner.count(t, |c| c.published_msgs += n);
+        }
+        inner.count(&b, |c| c.dispatched_msgs += 1);
+        let msgs = |m: &HashMap<String, Counters>, k: &str| {
+            m.get(k).map(|c| (c.published_msgs, c.dispatched_msgs))
+        };
+        assert_eq!(msgs(&inner.tenants, "t1"), Some((17, 1)));
+        assert_eq!(msgs(&inner.tenants, "t"), Some((11, 0)));
+        assert_eq!(msgs(&inner.namespaces, "t1/ns1"), Some((14, 0)));
+        assert_eq!(msgs(&inner.namespaces, "t1/ns2"), Some((3, 1)));
+        assert_eq!(msgs(&inner.namespaces, "t/1ns1"), Some((11, 0)));
+        assert_eq!(inner.tenants.len(), 2);
+        assert_eq!(inner.namespaces.len(), 3);
     }
 
     #[test]
