@@ -1398,8 +1398,8 @@ mod tests {
         let mut inner = Inner::default();
         let a = TopicName::parse("persistent://t1/ns1/a").unwrap();
         let b = TopicName::parse("persistent://t1/ns2/b").unwrap();
-        // Same tenant, other namespace; and a tenant whose name with a
-        // namespace's could run together into another's key.
+        // c: a's namespace again; d: a tenant and namespace whose names
+        // run together ("t" + "1ns1") as a's do ("t1" + "ns1").
         let c = TopicName::parse("persistent://t1/ns1/c").unwrap();
         let d = TopicName::parse("persistent://t/1ns1/d").unwrap();
         for (t, n) in [(&a, 2), (&b, 3), (&c, 5), (&a, 7), (&d, 11)] {
