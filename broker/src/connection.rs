@@ -413,7 +413,7 @@ where
                 // One PING per silent period.
                 let pinged_since_rx = pinged_at.is_some_and(|p| p >= last_rx);
                 if conn.connected && idle >= keep_alive && !pinged_since_rx {
-                    let _ = conn.out.try_send(Frame::Command(commands::ping()));
+                    let _ = conn.out.try_send(Frame::from(commands::ping()));
                     pinged_at = Some(Instant::now());
                 }
             }
@@ -478,7 +478,7 @@ fn missing(what: &str) -> CloseReason {
 impl Conn {
     /// Queues a frame towards the socket (waits when the queue is full).
     pub async fn send(&self, cmd: BaseCommand) {
-        let _ = self.out.send(Frame::Command(cmd)).await;
+        let _ = self.out.send(Frame::from(cmd)).await;
     }
 
     /// Queues an ERROR answer.
@@ -536,10 +536,7 @@ impl Conn {
     ) -> Result<(), CloseReason> {
         let (cmd, payload) = match frame {
             Frame::Command(c) => (c, None),
-            Frame::Payload(p) => {
-                let c = p.command.clone();
-                (c, Some(p))
-            }
+            Frame::Payload(p) => (p.command, Some((p.checksum, p.entry))),
         };
         let ty = Type::try_from(cmd.r#type);
         if !self.connected {
@@ -601,13 +598,13 @@ impl Conn {
                 Ok(())
             }
             Type::Send => {
-                let Some(p) = payload else {
+                let Some((checksum, entry)) = payload else {
                     return Err(CloseReason::BadInput("SEND without a payload".into()));
                 };
                 let c = cmd.send.as_ref().ok_or_else(|| missing("SEND"))?;
                 if self.np.has_producer(c.producer_id) {
                     // Handled at once: the publish permit stays reserved.
-                    crate::non_persistent::conn::on_send(self, c, p.checksum, p.entry).await;
+                    crate::non_persistent::conn::on_send(self, c, checksum, entry).await;
                     return Ok(());
                 }
                 let item_permit = reserved.take();
@@ -623,8 +620,8 @@ impl Conn {
                         highest_sequence_id: c.highest_sequence_id,
                         num_messages: u64::try_from(c.num_messages.unwrap_or(1).max(1))
                             .unwrap_or(1),
-                        checksum: p.checksum,
-                        entry: p.entry,
+                        checksum,
+                        entry,
                         received: Instant::now(),
                         _permit: permit,
                     },
@@ -777,7 +774,7 @@ impl Conn {
                     }),
                     ..Default::default()
                 };
-                let _ = self.out.try_send(Frame::Command(challenge));
+                let _ = self.out.try_send(Frame::from(challenge));
                 self.challenged_at = Some(Instant::now());
                 debug!("token expired: AUTH_CHALLENGE sent");
                 Ok(())
@@ -934,7 +931,7 @@ impl Conn {
         let c = c.clone();
         tokio::spawn(async move {
             let reply = lookup_reply(&state, &c).await;
-            let _ = out.send(Frame::Command(reply)).await;
+            let _ = out.send(Frame::from(reply)).await;
             drop(permit);
         });
     }
@@ -1242,7 +1239,7 @@ impl Conn {
                             }
                             ready.store(true, Ordering::Release);
                             let _ = out
-                                .send(Frame::Command(with_schema_version(
+                                .send(Frame::from(with_schema_version(
                                     commands::producer_success(
                                         request_id,
                                         &g.name,
@@ -1549,7 +1546,7 @@ async fn receipt_task(
                 break Some(e);
             }
         };
-        if !gone && out.send(Frame::Command(cmd)).await.is_err() {
+        if !gone && out.send(Frame::from(cmd)).await.is_err() {
             gone = true;
         }
     };

@@ -48,13 +48,12 @@ async fn main() -> anyhow::Result<()> {
     let stream = tokio::net::TcpStream::connect(&addr).await?;
     stream.set_nodelay(true)?;
     let mut c = Framed::new(stream, cms_client::proto::PulsarCodec::default());
-    c.send(Frame::Command(commands::connect("raw-w1", 19)))
-        .await?;
+    c.send(Frame::from(commands::connect("raw-w1", 19))).await?;
     let got = next(&mut c).await?;
     anyhow::ensure!(got.r#type() == Type::Connected, "CONNECT: {got:?}");
     // The lookup makes the broker own the topic's bundle (one broker: it
     // answers with itself).
-    c.send(Frame::Command(commands::lookup(&topic, 1, false)))
+    c.send(Frame::from(commands::lookup(&topic, 1, false)))
         .await?;
     let got = next(&mut c).await?;
     anyhow::ensure!(
@@ -63,7 +62,7 @@ async fn main() -> anyhow::Result<()> {
             .is_some_and(|r| r.error.is_none()),
         "LOOKUP: {got:?}"
     );
-    c.send(Frame::Command(commands::producer(&topic, 1, 2, None)))
+    c.send(Frame::from(commands::producer(&topic, 1, 2, None)))
         .await?;
     let got = next(&mut c).await?;
     let name = got
@@ -82,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         };
         let frame = Frame::Payload(PayloadFrame {
-            command: commands::send(1, seq, 1),
+            command: Box::new(commands::send(1, seq, 1)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: Bytes::from(entry_from_parts(&md, &payload).to_vec()),

@@ -51,26 +51,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             let replies: Vec<Frame> = match Type::try_from(cmd.r#type) {
-                Ok(Type::Connect) => vec![Frame::Command(commands::connected(
-                    "cms-capture",
-                    20,
-                    5 << 20,
-                ))],
+                Ok(Type::Connect) => {
+                    vec![Frame::from(commands::connected("cms-capture", 20, 5 << 20))]
+                }
                 Ok(Type::PartitionedMetadata) => {
                     let r = cmd.partition_metadata.map_or(0, |c| c.request_id);
-                    vec![Frame::Command(commands::partitioned_metadata_response(
-                        r, 0,
-                    ))]
+                    vec![Frame::from(commands::partitioned_metadata_response(r, 0))]
                 }
                 Ok(Type::Lookup) => {
                     let r = cmd.lookup_topic.map_or(0, |c| c.request_id);
-                    vec![Frame::Command(commands::lookup_response_connect(
+                    vec![Frame::from(commands::lookup_response_connect(
                         r, &url, false,
                     ))]
                 }
                 Ok(Type::Producer) => {
                     let r = cmd.producer.map_or(0, |c| c.request_id);
-                    vec![Frame::Command(commands::producer_success(
+                    vec![Frame::from(commands::producer_success(
                         r,
                         "capture-0",
                         -1,
@@ -80,7 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 Ok(Type::Send) => {
                     let s = cmd.send.unwrap_or_default();
-                    vec![Frame::Command(commands::send_receipt(
+                    vec![Frame::from(commands::send_receipt(
                         s.producer_id,
                         s.sequence_id,
                         7,
@@ -89,7 +85,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 Ok(Type::Subscribe) => {
                     let r = cmd.subscribe.map_or(0, |c| c.request_id);
-                    vec![Frame::Command(commands::success(r))]
+                    vec![Frame::from(commands::success(r))]
                 }
                 Ok(Type::Flow) => {
                     let c = cmd.flow.map_or(0, |f| f.consumer_id);
@@ -100,7 +96,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         ..Default::default()
                     };
                     vec![Frame::Payload(PayloadFrame {
-                        command: commands::message(c, 7, 0, 0),
+                        command: Box::new(commands::message(c, 7, 0, 0)),
                         broker_entry_metadata: None,
                         checksum: ChecksumState::Valid,
                         entry: entry_from_parts(&meta, b"from-cms"),
@@ -108,13 +104,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 Ok(Type::CloseProducer) => {
                     let r = cmd.close_producer.map_or(0, |c| c.request_id);
-                    vec![Frame::Command(commands::success(r))]
+                    vec![Frame::from(commands::success(r))]
                 }
                 Ok(Type::CloseConsumer) => {
                     let r = cmd.close_consumer.map_or(0, |c| c.request_id);
-                    vec![Frame::Command(commands::success(r))]
+                    vec![Frame::from(commands::success(r))]
                 }
-                Ok(Type::Ping) => vec![Frame::Command(commands::pong())],
+                Ok(Type::Ping) => vec![Frame::from(commands::pong())],
                 _ => vec![],
             };
             for reply in replies {

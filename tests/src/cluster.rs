@@ -616,7 +616,7 @@ impl RawPulsarClient {
     pub async fn send(&mut self, cmd: cms_client::proto::pulsar::BaseCommand) {
         use futures::SinkExt;
         self.framed
-            .send(cms_client::proto::Frame::Command(cmd))
+            .send(cms_client::proto::Frame::from(cmd))
             .await
             .unwrap_or_else(|e| panic!("sending: {e}"));
     }

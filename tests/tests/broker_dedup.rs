@@ -265,7 +265,7 @@ async fn a_duplicate_right_behind_its_original_is_acked_after_it() {
         };
         c.framed
             .send(Frame::Payload(PayloadFrame {
-                command: commands::send(1, seq, 1),
+                command: Box::new(commands::send(1, seq, 1)),
                 broker_entry_metadata: None,
                 checksum: ChecksumState::Valid,
                 entry: Bytes::from(entry_from_parts(&md, format!("r{seq}").as_bytes()).to_vec()),

@@ -46,7 +46,7 @@ async fn pending_publishes_pause_reads_without_dropping_receipts() {
         for seq in 0..N {
             c.framed
                 .feed(Frame::Payload(PayloadFrame {
-                    command: commands::send(1, seq, 1),
+                    command: Box::new(commands::send(1, seq, 1)),
                     broker_entry_metadata: None,
                     checksum: ChecksumState::Valid,
                     entry: entry(seq),
@@ -169,7 +169,7 @@ async fn wait_for_exclusive_producer_is_granted_when_the_holder_leaves() {
     waiter
         .framed
         .send(Frame::Payload(PayloadFrame {
-            command: commands::send(7, 0, 1),
+            command: Box::new(commands::send(7, 0, 1)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: entry(0),

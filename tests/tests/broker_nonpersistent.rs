@@ -356,7 +356,7 @@ async fn non_persistent_protocol_answers() {
     };
     c.framed
         .send(Frame::Payload(PayloadFrame {
-            command: commands::send(1, 0, 1),
+            command: Box::new(commands::send(1, 0, 1)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: entry_from_parts(&md, b"hello"),

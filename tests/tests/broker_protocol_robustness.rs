@@ -242,7 +242,7 @@ async fn bad_input_closes_only_its_own_connection() {
         };
         good.framed
             .send(Frame::Payload(PayloadFrame {
-                command: commands::send(1, seq, 1),
+                command: Box::new(commands::send(1, seq, 1)),
                 broker_entry_metadata: None,
                 checksum,
                 entry: Bytes::from(entry),
@@ -340,7 +340,7 @@ async fn produce_and_consume(addr: SocketAddr, topic: &str, body: &[u8]) {
     };
     c.framed
         .send(Frame::Payload(PayloadFrame {
-            command: commands::send(1, 0, 1),
+            command: Box::new(commands::send(1, 0, 1)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: entry_from_parts(&md, body),
@@ -546,7 +546,7 @@ async fn a_message_above_the_storage_bound_is_refused_alone() {
     for (seq, size) in [(0u64, 1usize << 10), (1, 6 << 20), (2, 1 << 10)] {
         c.framed
             .send(Frame::Payload(PayloadFrame {
-                command: commands::send(1, seq, 1),
+                command: Box::new(commands::send(1, seq, 1)),
                 broker_entry_metadata: None,
                 checksum: ChecksumState::Valid,
                 entry: entry_from_parts(&md, &vec![b'x'; size]),

@@ -592,14 +592,14 @@ async fn forward(
                     .bytes_out
                     .inc_by(u64::try_from(entry.len()).unwrap_or(u64::MAX));
                 Frame::Payload(PayloadFrame {
-                    command: commands::message(consumer_id, 0, entry_id, 0),
+                    command: Box::new(commands::message(consumer_id, 0, entry_id, 0)),
                     broker_entry_metadata: None,
                     checksum: ChecksumState::Valid,
                     entry,
                 })
             }
             NpDelivery::ActiveChanged(is_active) => {
-                Frame::Command(commands::active_consumer_change(consumer_id, is_active))
+                Frame::from(commands::active_consumer_change(consumer_id, is_active))
             }
         };
         if out.send(frame).await.is_err() {

@@ -126,7 +126,7 @@ impl Connection {
         let mut writer = FramedWrite::new(w, PulsarCodec::default());
         let handshake = async {
             writer
-                .send(Frame::Command(connect_command(token.as_deref())))
+                .send(Frame::from(connect_command(token.as_deref())))
                 .await?;
             match reader.next().await {
                 Some(Ok(f)) => {
@@ -213,7 +213,7 @@ impl Connection {
             }
             close(&rconn.shared);
             // Wake the writer so it exits too.
-            let _ = rconn.tx.try_send(Frame::Command(commands::ping()));
+            let _ = rconn.tx.try_send(Frame::from(commands::ping()));
         });
 
         // Keep-alive.
@@ -230,10 +230,10 @@ impl Connection {
                 if idle > keep_alive * 2 {
                     tracing::warn!(addr = %kconn.shared.addr, ?idle, "broker silent, closing connection");
                     close(&kconn.shared);
-                    let _ = kconn.tx.try_send(Frame::Command(commands::ping()));
+                    let _ = kconn.tx.try_send(Frame::from(commands::ping()));
                     break;
                 }
-                let _ = kconn.tx.try_send(Frame::Command(commands::ping()));
+                let _ = kconn.tx.try_send(Frame::from(commands::ping()));
             }
         });
         Ok(conn)
@@ -284,7 +284,7 @@ impl Connection {
             return Err(Error::Disconnected(self.shared.addr.clone()));
         }
         let what = commands::command_name(&cmd);
-        self.send_frame(Frame::Command(cmd)).await?;
+        self.send_frame(Frame::from(cmd)).await?;
         match tokio::time::timeout(self.op_timeout, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(Error::Disconnected(self.shared.addr.clone())),
@@ -311,7 +311,7 @@ impl Connection {
     /// Closes the connection (tests, client shutdown).
     pub(crate) fn close(&self) {
         close(&self.shared);
-        let _ = self.tx.try_send(Frame::Command(commands::ping()));
+        let _ = self.tx.try_send(Frame::from(commands::ping()));
     }
 
     async fn dispatch(&self, frame: Frame) {
@@ -333,7 +333,7 @@ impl Connection {
         };
         let request_id = match cmd.r#type() {
             Type::Ping => {
-                let _ = self.tx.try_send(Frame::Command(commands::pong()));
+                let _ = self.tx.try_send(Frame::from(commands::pong()));
                 return;
             }
             Type::Pong | Type::ActiveConsumerChange => return,
@@ -357,7 +357,7 @@ impl Connection {
                     }),
                     ..commands::base(Type::AuthResponse)
                 };
-                let _ = self.tx.try_send(Frame::Command(resp));
+                let _ = self.tx.try_send(Frame::from(resp));
                 return;
             }
             Type::SendReceipt => {
@@ -440,7 +440,7 @@ impl Connection {
                 let e = cmd.error.clone().unwrap_or_default();
                 Err(Error::server(Some(e.error), e.message))
             } else {
-                Ok(cmd)
+                Ok(*cmd)
             };
             let _ = w.send(result);
         }

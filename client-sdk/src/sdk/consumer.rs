@@ -615,7 +615,7 @@ async fn ack_timer(weak: Weak<Shared>, timeout: Duration) {
         if let Some(c) = conn {
             tracing::debug!(topic = %s.topic, n = expired.len(), "ack timeout: asking for redelivery");
             let _ = c
-                .send_frame(Frame::Command(commands::redeliver_unacknowledged(
+                .send_frame(Frame::from(commands::redeliver_unacknowledged(
                     s.id, expired,
                 )))
                 .await;
@@ -850,7 +850,7 @@ impl Consumer {
         if self.delivered[i] >= half {
             let conn = lock(&part.conn).clone();
             if let Some(c) = conn
-                && c.try_send_frame(Frame::Command(commands::flow(part.id, self.delivered[i])))
+                && c.try_send_frame(Frame::from(commands::flow(part.id, self.delivered[i])))
             {
                 self.delivered[i] = 0;
             }
@@ -1033,7 +1033,7 @@ impl Consumer {
         }
         lock(&part.unacked).retain(|k, _| *k > (target.ledger_id, target.entry_id));
         let c = Self::conn_of(part)?;
-        c.send_frame(Frame::Command(commands::ack(
+        c.send_frame(Frame::from(commands::ack(
             part.id,
             AckType::Cumulative,
             vec![target.to_data()],
@@ -1056,7 +1056,7 @@ impl Consumer {
             let conn = lock(&s.conn).clone();
             if let Some(c) = conn {
                 let _ = c
-                    .send_frame(Frame::Command(commands::redeliver_unacknowledged(
+                    .send_frame(Frame::from(commands::redeliver_unacknowledged(
                         s.id,
                         vec![data],
                     )))
@@ -1173,7 +1173,7 @@ async fn flush_acks(part: &Shared) -> Result<()> {
 /// One ACK command (individual) of `ids` on `part`'s current connection.
 async fn send_individual_acks(part: &Shared, ids: Vec<MessageIdData>) -> Result<()> {
     Consumer::conn_of(part)?
-        .send_frame(Frame::Command(commands::ack(
+        .send_frame(Frame::from(commands::ack(
             part.id,
             AckType::Individual,
             ids,
@@ -1443,7 +1443,7 @@ impl Shared {
         if let Err(e) = flush_acks(&self).await {
             tracing::debug!(topic = %self.topic, error = %e, "queued acks not sent on re-subscribe");
         }
-        conn.send_frame(Frame::Command(commands::flow(
+        conn.send_frame(Frame::from(commands::flow(
             self.id,
             self.opts.receiver_queue,
         )))

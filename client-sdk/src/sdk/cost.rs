@@ -46,7 +46,7 @@ fn frame(
     dst: &mut BytesMut,
 ) -> Result<()> {
     let f = Frame::Payload(PayloadFrame {
-        command: cmd,
+        command: Box::new(cmd),
         broker_entry_metadata: None,
         checksum: ChecksumState::Valid,
         entry,

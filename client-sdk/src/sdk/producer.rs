@@ -467,7 +467,7 @@ impl Shared {
                 send.highest_sequence_id = Some(e.highest);
             }
             let frame = Frame::Payload(PayloadFrame {
-                command: cmd,
+                command: Box::new(cmd),
                 broker_entry_metadata: None,
                 checksum: ChecksumState::Valid,
                 entry: e.entry.clone(),

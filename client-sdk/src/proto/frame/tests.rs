@@ -262,25 +262,25 @@ fn payload_frames() -> Vec<PayloadFrame> {
     batch_meta.compression = Some(CompressionType::Zstd as i32);
     vec![
         PayloadFrame {
-            command: commands::send(1, 0, 1),
+            command: Box::new(commands::send(1, 0, 1)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: entry_from_parts(&metadata(0), b"hello"),
         },
         PayloadFrame {
-            command: commands::send(1, 7, 3),
+            command: Box::new(commands::send(1, 7, 3)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: entry_from_parts(&batch_meta, &[7u8; 300]),
         },
         PayloadFrame {
-            command: commands::message(5, 0, 0, 0),
+            command: Box::new(commands::message(5, 0, 0, 0)),
             broker_entry_metadata: None,
             checksum: ChecksumState::Valid,
             entry: entry_from_parts(&metadata(1), b""),
         },
         PayloadFrame {
-            command: commands::message(5, 3, 4, 2),
+            command: Box::new(commands::message(5, 3, 4, 2)),
             broker_entry_metadata: Some(bem.encode_to_vec().into()),
             checksum: ChecksumState::Valid,
             entry: entry_from_parts(&metadata(2), b"world"),
@@ -317,10 +317,10 @@ fn every_command_type_round_trips() {
             "{name}: sub-message not at field {}",
             cmd.r#type
         );
-        let mut buf = encode(Frame::Command(cmd.clone()));
+        let mut buf = encode(Frame::from(cmd.clone()));
         assert_eq!(buf, wire, "{name}: codec and encode_command differ");
         let frames = decode_all(&mut buf);
-        assert_eq!(frames, vec![Frame::Command(cmd)], "{name}");
+        assert_eq!(frames, vec![Frame::from(cmd)], "{name}");
         assert!(buf.is_empty());
     }
 }
@@ -495,7 +495,7 @@ fn broker_entry_metadata_is_parsed_with_and_without_checksum() {
         let Some(Frame::Payload(p)) = decode_one(&raw).unwrap() else {
             panic!()
         };
-        assert_eq!(p.command, msg);
+        assert_eq!(*p.command, msg);
         assert_eq!(p.decode_broker_entry_metadata().unwrap(), Some(bem));
         let state = if with_checksum {
             ChecksumState::Valid
@@ -545,7 +545,7 @@ fn oversize_declared_size_is_rejected_before_allocating() {
 
     // The encoder refuses frames over its limit too.
     let big = PayloadFrame {
-        command: commands::send(1, 1, 1),
+        command: Box::new(commands::send(1, 1, 1)),
         broker_entry_metadata: None,
         checksum: ChecksumState::Valid,
         entry: entry_from_parts(&metadata(1), &[0u8; 200]),
@@ -562,7 +562,7 @@ fn oversize_declared_size_is_rejected_before_allocating() {
 fn a_frame_just_under_the_default_limit_decodes() {
     let payload = vec![0xabu8; 5 * 1024 * 1024];
     let frame = PayloadFrame {
-        command: commands::send(1, 1, 1),
+        command: Box::new(commands::send(1, 1, 1)),
         broker_entry_metadata: None,
         checksum: ChecksumState::Valid,
         entry: entry_from_parts(&metadata(1), &payload),
@@ -577,8 +577,8 @@ fn truncated_frames_wait_until_complete() {
     let mut all = BytesMut::new();
     let mut expected = Vec::new();
     for cmd in every_simple_command().into_iter().take(6) {
-        all.extend_from_slice(&encode(Frame::Command(cmd.clone())));
-        expected.push(Frame::Command(cmd));
+        all.extend_from_slice(&encode(Frame::from(cmd.clone())));
+        expected.push(Frame::from(cmd));
     }
     for p in payload_frames() {
         all.extend_from_slice(&encode(Frame::Payload(p.clone())));
@@ -749,7 +749,7 @@ fn random_input_never_panics() {
     let mut rng = StdRng::seed_from_u64(0x5eed_c0de);
     let mut valid: Vec<Vec<u8>> = every_simple_command()
         .into_iter()
-        .map(|c| encode(Frame::Command(c)).to_vec())
+        .map(|c| encode(Frame::from(c)).to_vec())
         .collect();
     valid.extend(
         payload_frames()
