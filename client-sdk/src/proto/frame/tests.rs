@@ -894,3 +894,12 @@ fn frames_recorded_from_the_cpp_client_decode() {
     let c = f.command().close_consumer.clone().unwrap();
     assert_eq!((c.consumer_id, c.request_id), (0, 5));
 }
+
+#[test]
+fn a_frame_is_small_to_move() {
+    // prost lays out BaseCommand's optional sub-commands inline (kilobytes);
+    // frames are moved through channels and codecs per message, so the
+    // command stays boxed.
+    assert!(std::mem::size_of::<BaseCommand>() > 1024);
+    assert!(std::mem::size_of::<Frame>() <= 128);
+}
