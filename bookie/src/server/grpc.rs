@@ -26,12 +26,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::FuturesUnordered;
-use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::add_stream::AddPipeline;
 use super::core::{AddOp, BookieCore, ReadResult};
 use crate::fair::{FairMetrics, FairReads, SchedConfig};
 use crate::fs::{DiskSpace, SharedFs};
@@ -169,6 +167,23 @@ impl BookieService {
     }
 }
 
+/// Counts one add in the in-flight gauge for as long as it lives (an add
+/// dropped unanswered, with its stream, is uncounted too).
+struct InFlight<'a>(&'a prometheus::IntGauge);
+
+impl<'a> InFlight<'a> {
+    fn new(gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 type AddStream = Pin<Box<dyn Stream<Item = Result<AddResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -180,83 +195,45 @@ impl Bookie for BookieService {
         request: Request<Streaming<AddRequest>>,
     ) -> Result<Response<AddStream>, Status> {
         self.check_target(&request)?;
-        let mut inbound = request.into_inner();
+        let inbound = request.into_inner();
         let in_flight_max = self.limits.adds_in_flight_per_stream_max.max(1);
-        let (tx, rx) = mpsc::channel::<Result<AddResponse, Status>>(in_flight_max.min(4096));
         let core = self.core.clone();
         let mut draining = self.draining.clone();
         if *draining.borrow_and_update() {
             return Err(Status::unavailable("bookie is shutting down"));
         }
-        tokio::spawn(async move {
-            let mut pending = FuturesUnordered::new();
-            let mut inbound_open = true;
-            loop {
-                tokio::select! {
-                    // Shutdown: take no more adds, answer the pending ones, then
-                    // end the stream so the connection can close.
-                    changed = draining.changed(), if inbound_open => {
-                        let now_draining = changed.is_err() || *draining.borrow_and_update();
-                        if now_draining {
-                            inbound_open = false;
-                        }
-                    }
-                    next = inbound.next(), if inbound_open => match next {
-                        Some(Ok(req)) => {
-                            let reply = |status: StatusCode| AddResponse {
-                                request_id: req.request_id,
-                                status: status_i32(status),
-                                ledger_id: req.ledger_id,
-                                entry_id: req.entry_id,
-                            };
-                            if pending.len() >= in_flight_max {
-                                if tx.send(Ok(reply(StatusCode::TooManyRequests))).await.is_err() {
-                                    break;
-                                }
-                                continue;
-                            }
-                            let recovery = req.flags & (AddFlag::RecoveryAdd as u32) != 0;
-                            let op = AddOp {
-                                ledger_id: req.ledger_id,
-                                entry_id: req.entry_id,
-                                master_key: req.master_key,
-                                recovery,
-                                body: req.body,
-                            };
-                            let core = core.clone();
-                            let (request_id, ledger_id, entry_id) =
-                                (req.request_id, req.ledger_id, req.entry_id);
-                            core.metrics().adds_in_flight.inc();
-                            pending.push(async move {
-                                let status = core.add(op).await;
-                                core.metrics().adds_in_flight.dec();
-                                AddResponse {
-                                    request_id,
-                                    status: status_i32(status),
-                                    ledger_id,
-                                    entry_id,
-                                }
-                            });
-                        }
-                        Some(Err(status)) => {
-                            tracing::debug!(error = %status, "add stream ended with an error");
-                            inbound_open = false;
-                        }
-                        None => inbound_open = false,
-                    },
-                    Some(resp) = pending.next(), if !pending.is_empty() => {
-                        if tx.send(Ok(resp)).await.is_err() {
-                            break;
-                        }
-                    }
-                    else => break,
-                }
-                if !inbound_open && pending.is_empty() {
-                    break;
-                }
+        let start = move |req: AddRequest| {
+            let core = core.clone();
+            let recovery = req.flags & (AddFlag::RecoveryAdd as u32) != 0;
+            let (request_id, ledger_id, entry_id) = (req.request_id, req.ledger_id, req.entry_id);
+            let op = AddOp {
+                ledger_id,
+                entry_id,
+                master_key: req.master_key,
+                recovery,
+                body: req.body,
+            };
+            async move {
+                let _in_flight = InFlight::new(&core.metrics().adds_in_flight);
+                let status = core.add(op).await;
+                Ok(AddResponse {
+                    request_id,
+                    status: status_i32(status),
+                    ledger_id,
+                    entry_id,
+                })
             }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        };
+        let refuse = |req: AddRequest| {
+            Ok(AddResponse {
+                request_id: req.request_id,
+                status: status_i32(StatusCode::TooManyRequests),
+                ledger_id: req.ledger_id,
+                entry_id: req.entry_id,
+            })
+        };
+        let pipeline = AddPipeline::new(inbound, draining, in_flight_max, start, refuse);
+        Ok(Response::new(Box::pin(pipeline)))
     }
 
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {

@@ -4,6 +4,7 @@
 //!   long polls, LAC), over the [`crate::journal`] and [`crate::storage`];
 //! - [`ledger`] — the cached per-ledger state (master key, fenced, limbo, LAC);
 //! - [`grpc`] — the `Bookie` gRPC service, target checks, stream bounds, fair reads;
+//! - `add_stream` — one add stream driven by its own response polling (no task hop);
 //! - [`cookie`] — identity checks of every data directory against the metadata store;
 //! - [`registration`] — the ephemeral `available/` / `readonly/` node;
 //! - [`http`] — `/health`, `/ready`, `/metrics` (and test-only fault triggers);
@@ -14,6 +15,7 @@
 //! under the sync policy (fsync-before-ack by default), and a fence is answered
 //! only when it is durable (DESIGN §4, invariants 1–3).
 
+mod add_stream;
 pub mod config;
 pub mod cookie;
 pub mod core;
