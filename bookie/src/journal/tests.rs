@@ -698,6 +698,46 @@ async fn rotation_uses_the_file_pre_filled_at_open_and_leftovers_are_removed() {
     j.close().unwrap();
 }
 
+/// The server checkpoints on `rotated()`; the checkpoint recycles the finished
+/// file, and the next rotation takes it instead of a file of zeros.
+#[tokio::test]
+async fn a_rotation_is_announced_and_a_checkpoint_then_recycles_the_finished_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = JournalConfig {
+        file_bytes: record::FILE_HEADER_BYTES + 8 * record::ALIGN_BYTES,
+        spare_files_max: 1,
+        ..JournalConfig::new(dir.path().to_path_buf())
+    };
+    let (j, _) = open_with(Arc::new(RealFs), c).unwrap();
+    // Take the file pre-filled at open out of the pool: from here on a spare
+    // only comes from recycling (or the preallocator, past half way).
+    let mut i = 0;
+    while j.synced_mark().file_seq < 2 {
+        j.append(entry(i)).await.unwrap();
+        i += 1;
+    }
+    tokio::time::timeout(std::time::Duration::from_secs(10), j.rotated())
+        .await
+        .expect("the rotation is announced");
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), j.rotated())
+            .await
+            .is_err(),
+        "announced once per rotation"
+    );
+    assert!(
+        lock(&j.inner.shared.pool).is_empty(),
+        "the rotation took the pre-filled file; the preallocator waits for half way"
+    );
+    j.checkpoint_complete(j.synced_mark()).unwrap();
+    assert!(
+        !lock(&j.inner.shared.pool).is_empty(),
+        "file 1 is a spare now"
+    );
+    assert_eq!(journal_files(dir.path()).len(), 2, "file 2 and the spare");
+    j.close().unwrap();
+}
+
 #[tokio::test]
 async fn after_a_rotation_a_file_is_pre_filled_only_once_the_journal_is_half_way_through() {
     let dir = tempfile::tempdir().unwrap();

@@ -266,6 +266,7 @@ impl Writer {
         // After the mark moved: the preallocator reads how far into the new
         // file we are. Full means a wake-up is already pending.
         let _ = self.prealloc_wake.try_send(());
+        self.shared.rotated.notify_one();
         Ok(())
     }
 }
