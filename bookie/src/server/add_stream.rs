@@ -21,7 +21,6 @@
 //! - Dropping the stream drops the adds not yet answered (as a cancelled RPC
 //!   must); what they already queued in the journal still becomes durable.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,21 +33,21 @@ use tokio_stream::wrappers::WatchStream;
 /// See the module docs. `In` yields requests (or an error that ends reading),
 /// `start` turns a request into the future of its answer, `refuse` answers a
 /// request over the bound at once.
-pub(crate) struct AddPipeline<In, Req, Fut, Start, Refuse>
+pub(crate) struct AddPipeline<In, Fut, Start, Refuse>
 where
     Fut: Future,
 {
     inbound: Option<In>,
     draining: WatchStream<bool>,
     pending: FuturesUnordered<Fut>,
-    refused: VecDeque<Fut::Output>,
+    /// The answer to a request over the bound; nothing is read while it waits.
+    refused: Option<Fut::Output>,
     in_flight_max: usize,
     start: Start,
     refuse: Refuse,
-    _req: std::marker::PhantomData<fn(Req)>,
 }
 
-impl<In, Req, E, Fut, Start, Refuse> AddPipeline<In, Req, Fut, Start, Refuse>
+impl<In, Req, E, Fut, Start, Refuse> AddPipeline<In, Fut, Start, Refuse>
 where
     In: Stream<Item = Result<Req, E>> + Unpin,
     E: std::fmt::Display,
@@ -69,16 +68,15 @@ where
             inbound: Some(inbound),
             draining: WatchStream::from_changes(draining),
             pending: FuturesUnordered::new(),
-            refused: VecDeque::new(),
+            refused: None,
             in_flight_max: in_flight_max.max(1),
             start,
             refuse,
-            _req: std::marker::PhantomData,
         }
     }
 }
 
-impl<In, Req, E, Fut, Start, Refuse> Stream for AddPipeline<In, Req, Fut, Start, Refuse>
+impl<In, Req, E, Fut, Start, Refuse> Stream for AddPipeline<In, Fut, Start, Refuse>
 where
     In: Stream<Item = Result<Req, E>> + Unpin,
     E: std::fmt::Display,
@@ -91,7 +89,7 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if let Some(answer) = this.refused.pop_front() {
+        if let Some(answer) = this.refused.take() {
             return Poll::Ready(Some(answer));
         }
         // Draining: stop reading. Loop so the watch's waker is registered.
@@ -108,7 +106,7 @@ where
             match inbound.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(req))) => {
                     if this.pending.len() >= this.in_flight_max {
-                        this.refused.push_back((this.refuse)(req));
+                        this.refused = Some((this.refuse)(req));
                         break;
                     }
                     this.pending.push((this.start)(req));
@@ -126,7 +124,7 @@ where
         if let Poll::Ready(Some(answer)) = this.pending.poll_next_unpin(cx) {
             return Poll::Ready(Some(answer));
         }
-        if let Some(answer) = this.refused.pop_front() {
+        if let Some(answer) = this.refused.take() {
             return Poll::Ready(Some(answer));
         }
         if this.inbound.is_none() && this.pending.is_empty() {
