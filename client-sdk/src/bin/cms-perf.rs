@@ -4,11 +4,12 @@
 //! Latency is measured from the **intended** send time: with `--rate R > 0`
 //! message `i` is due at `start + i/R` and its latency counts from then, even
 //! if the producer was blocked (no coordinated omission). Sends are released
-//! at their due times by a pacer thread that sleeps with the OS's
-//! high-resolution timer: tokio's timer has millisecond granularity, and at
-//! 2,000 msg/s waking up to 1 ms after the due time would be counted as
-//! publish latency. How late the pacer released each send is reported as the
-//! `pace_late_*` keys, so a figure can be checked for the tool's own delay.
+//! at their due times by a pacer task that waits on a `timerfd` (the OS's
+//! high-resolution timer) in the runtime's own epoll: tokio's timer has
+//! millisecond granularity, and at 2,000 msg/s waking up to 1 ms after the
+//! due time would be counted as publish latency. How late the pacer released
+//! each send is reported as the `pace_late_*` keys, so a figure can be
+//! checked for the tool's own delay.
 //! `--max-pending 1` waits for each receipt before the next send (W1).
 //! `--duration S` (produce) ends the timed phase after S seconds or
 //! `--messages`, whichever comes first (W3 runs for 10 s).
@@ -175,7 +176,7 @@ struct Common {
     topics: u32,
     /// Threads of the tool's async runtime, which run the SDK's connections,
     /// producers and consumers (0 = one per CPU). Like `pulsar-perf
-    /// --num-io-threads`. The pacer is a thread of its own either way. (One
+    /// --num-io-threads`. The pacer is a task on this runtime. (One
     /// thread instead of two made no W2 difference on a 2-vCPU machine
     /// shared with the servers: BENCHMARKS.md.)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
@@ -418,12 +419,13 @@ fn phase_starts(start: Instant, producers: u32, total_rate: f64) -> Vec<Instant>
         .collect()
 }
 
-/// Starts the pacer thread for producers with the given (first due time,
-/// messages, rate) plans. It keeps one heap slot per producer, so
-/// it needs no queue of pending releases: a producer that falls behind
-/// finds its permits waiting (and their lateness counts, as it should).
-/// It stops after the last release, or skips a producer whose semaphore
-/// nobody else holds any more (its task ended early).
+/// Starts the pacer for producers with the given (first due time,
+/// messages, rate) plans: a task on the runtime that keeps one heap slot
+/// per producer, so it needs no queue of pending releases: a producer that
+/// falls behind finds its permits waiting (and their lateness counts, as it
+/// should). It stops after the last release, or skips a producer whose
+/// semaphore nobody else holds any more (its task ended early). It waits
+/// with a [`PaceTimer`]; must be called within the runtime.
 fn spawn_pacer(
     plans: Vec<(Instant, u64, f64)>,
 ) -> anyhow::Result<Vec<Arc<tokio::sync::Semaphore>>> {
@@ -439,33 +441,117 @@ fn spawn_pacer(
         .map(|(p, (first, _, _))| Reverse((*first, p, 0)))
         .collect();
     let mine = releases.clone();
-    std::thread::Builder::new()
-        .name("cms-perf-pacer".into())
-        .spawn(move || {
-            // The default 50 µs timer slack would be added to every wait.
-            #[cfg(target_os = "linux")]
-            if let Err(e) = nix::sys::prctl::set_timerslack(1) {
-                eprintln!("cms-perf: the pacer keeps the default timer slack: {e}");
+    let timer = PaceTimer::new().context("creating the pacer's timer")?;
+    tokio::spawn(async move {
+        while let Some(Reverse((at, p, i))) = heap.pop() {
+            if Arc::strong_count(&mine[p]) == 1 {
+                continue;
             }
-            while let Some(Reverse((at, p, i))) = heap.pop() {
-                if Arc::strong_count(&mine[p]) == 1 {
-                    continue;
+            if let Err(e) = timer.sleep_until(at).await {
+                // The producers waiting for permits then end with "pacer".
+                eprintln!("cms-perf: the pacer's timer failed: {e}");
+                for r in &mine {
+                    r.close();
                 }
-                let now = Instant::now();
-                if at > now {
-                    // nanosleep on an hrtimer: tens of µs late, not a whole
-                    // millisecond tick.
-                    std::thread::sleep(at - now);
-                }
-                mine[p].add_permits(1);
-                let (first, n, rate) = plans[p];
-                if i + 1 < n {
-                    heap.push(Reverse((due_at(first, i + 1, rate), p, i + 1)));
-                }
+                return;
             }
-        })
-        .context("starting the pacer thread")?;
+            mine[p].add_permits(1);
+            let (first, n, rate) = plans[p];
+            if i + 1 < n {
+                heap.push(Reverse((due_at(first, i + 1, rate), p, i + 1)));
+            }
+        }
+    });
     Ok(releases)
+}
+
+/// The pacer's high-resolution sleep. On Linux a `timerfd` in the runtime's
+/// own epoll: the runtime thread wakes when a send is due, within
+/// microseconds, and nothing else is woken (tokio's timer has millisecond
+/// granularity; the thread this replaced slept in `nanosleep` and then had
+/// to wake the runtime thread: two wake-ups per message, about a fifth of
+/// the tool's CPU in W2). Elsewhere tokio's timer.
+struct PaceTimer {
+    #[cfg(target_os = "linux")]
+    fd: tokio::io::unix::AsyncFd<TimerFdRaw>,
+}
+
+/// `AsyncFd` wants `AsRawFd`; nix's `TimerFd` has `AsFd`.
+#[cfg(target_os = "linux")]
+struct TimerFdRaw(nix::sys::timerfd::TimerFd);
+
+#[cfg(target_os = "linux")]
+impl std::os::fd::AsRawFd for TimerFdRaw {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl PaceTimer {
+    #[cfg(target_os = "linux")]
+    fn new() -> std::io::Result<PaceTimer> {
+        use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
+        let fd = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )?;
+        // SAFETY: `TimerFdRaw` owns the descriptor (an `OwnedFd` inside
+        // `TimerFd`), so it stays open and the same for as long as the
+        // `AsyncFd` holds it, and `as_raw_fd` always returns it.
+        #[allow(
+            unsafe_code,
+            reason = "tokio's AsyncFd registration is unsafe (I/O safety)"
+        )]
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                TimerFdRaw(fd),
+                tokio::io::Interest::READABLE,
+            )
+        }
+        .map_err(|e| e.into_parts().1)?;
+        Ok(PaceTimer { fd })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new() -> std::io::Result<PaceTimer> {
+        Ok(PaceTimer {})
+    }
+
+    /// Returns at `at` or just after, never before.
+    #[cfg(target_os = "linux")]
+    async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
+        use nix::sys::time::TimeSpec;
+        use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
+        loop {
+            let now = Instant::now();
+            if at <= now {
+                return Ok(());
+            }
+            // Relative: std's Instant is CLOCK_MONOTONIC but does not expose
+            // its value. An early wake-up (none expected) just loops.
+            self.fd.get_ref().0.set(
+                Expiration::OneShot(TimeSpec::from_duration(at - now)),
+                TimerSetTimeFlags::empty(),
+            )?;
+            loop {
+                let mut ready = self.fd.readable().await?;
+                match ready.try_io(|fd| fd.get_ref().0.wait().map_err(std::io::Error::from)) {
+                    Ok(r) => {
+                        r?;
+                        break;
+                    }
+                    Err(_would_block) => continue,
+                }
+            }
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
+        tokio::time::sleep_until(at.into()).await;
+        Ok(())
+    }
 }
 
 /// A producer on `topic` with the run's settings.
