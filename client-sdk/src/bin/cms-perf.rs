@@ -534,14 +534,14 @@ impl PaceTimer {
                 Expiration::OneShot(TimeSpec::from_duration(at - now)),
                 TimerSetTimeFlags::empty(),
             )?;
+            // `try_io` clears the readiness when the read would block.
             loop {
                 let mut ready = self.fd.readable().await?;
-                match ready.try_io(|fd| fd.get_ref().0.wait().map_err(std::io::Error::from)) {
-                    Ok(r) => {
-                        r?;
-                        break;
-                    }
-                    Err(_would_block) => continue,
+                if let Ok(r) =
+                    ready.try_io(|fd| fd.get_ref().0.wait().map_err(std::io::Error::from))
+                {
+                    r?;
+                    break;
                 }
             }
         }
