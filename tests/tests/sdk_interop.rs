@@ -286,7 +286,9 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
                 "--max-pending",
                 "100",
                 "--io-threads",
-                "1",
+                "0",
+                "--pace-spin-us",
+                "0",
             ],
         ),
     ] {
@@ -335,13 +337,15 @@ async fn cms_perf_produce_and_end_to_end_print_their_json_keys() {
             assert!(v[k].is_number(), "{mode}: key {k} in {v}");
         }
         assert_eq!(v["msgs"], 500);
-        // The runtime's threads: one where asked, else 0 (one per CPU).
-        let io_threads = if extra.contains(&"--io-threads") {
-            1
+        // The runtime's threads: 0 (one per CPU) where asked, else the
+        // default of 1; the pacer's early wake-up: off where asked, else 60 µs.
+        let (io_threads, spin) = if extra.contains(&"--io-threads") {
+            (0, 0)
         } else {
-            0
+            (1, 60)
         };
         assert_eq!(v["io_threads"], io_threads, "{mode}: {v}");
+        assert_eq!(v["pace_spin_us"], spin, "{mode}: {v}");
         assert!(v["msg_per_s"].as_f64().unwrap() > 0.0);
         assert!(v["p50_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());
         assert!(v["mean_ms"].as_f64().unwrap() <= v["max_ms"].as_f64().unwrap());

@@ -9,7 +9,10 @@
 //! millisecond granularity, and at 2,000 msg/s waking up to 1 ms after the
 //! due time would be counted as publish latency. How late the pacer released
 //! each send is reported as the `pace_late_*` keys, so a figure can be
-//! checked for the tool's own delay.
+//! checked for the tool's own delay. The timer is set `--pace-spin-us`
+//! (default 60) before the due time and the pacer then yields in a loop
+//! until it: a timer interrupt reaches a halted vCPU of a VM about 50 µs
+//! late, which would otherwise count as publish latency (BENCHMARKS.md).
 //! `--max-pending 1` waits for each receipt before the next send (W1).
 //! `--duration S` (produce) ends the timed phase after S seconds or
 //! `--messages`, whichever comes first (W3 runs for 10 s).
@@ -20,7 +23,7 @@
 //! `--histogram-out FILE` also writes the histograms' buckets, so several
 //! runs can be pooled into one histogram.
 //! `--io-threads N` sets the threads of the tool's async runtime (default
-//! one per CPU; `io_threads` in the JSON, 0 for the default).
+//! 1, as `pulsar-perf`'s; 0 = one per CPU; `io_threads` in the JSON).
 //!
 //! Scale: `--topics N` uses topics `<topic>-0` .. `<topic>-(N-1)` (just
 //! `<topic>` when N is 1), `--producers P` spreads producers over them
@@ -176,11 +179,20 @@ struct Common {
     topics: u32,
     /// Threads of the tool's async runtime, which run the SDK's connections,
     /// producers and consumers (0 = one per CPU). Like `pulsar-perf
-    /// --num-io-threads`. The pacer is a task on this runtime. (One
-    /// thread instead of two made no W2 difference on a 2-vCPU machine
-    /// shared with the servers: BENCHMARKS.md.)
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    /// --num-io-threads`, and with its default of 1: the pacer is a task
+    /// on this runtime, and on one thread its release of a send wakes no
+    /// other thread (W2 and W3 on a 2-vCPU machine shared with the
+    /// servers were as fast or faster than with two: BENCHMARKS.md).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=1024))]
     io_threads: u16,
+    /// Open loop: the pacer's timer fires this many µs before a send is
+    /// due, and the pacer then yields to the runtime's other tasks in a
+    /// loop until the due time (0 = the timer alone). In a VM the timer
+    /// interrupt of a halted vCPU comes about 50 µs late, and that delay
+    /// would count as publish latency; the early wake-up trades it for at
+    /// most this much CPU per send.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pace_spin_us: u64,
 }
 
 impl Common {
@@ -315,7 +327,10 @@ async fn produce(client: &Client, a: &Common, stamp: bool) -> anyhow::Result<Pro
         .map(|p| (firsts[p as usize], share(a.messages, a.producers, p), rate))
         .collect();
     let releases = if rate > 0.0 {
-        spawn_pacer(plans.clone())?.into_iter().map(Some).collect()
+        spawn_pacer(plans.clone(), Duration::from_micros(a.pace_spin_us))?
+            .into_iter()
+            .map(Some)
+            .collect()
     } else {
         vec![None; plans.len()]
     };
@@ -425,9 +440,11 @@ fn phase_starts(start: Instant, producers: u32, total_rate: f64) -> Vec<Instant>
 /// falls behind finds its permits waiting (and their lateness counts, as it
 /// should). It stops after the last release, or skips a producer whose
 /// semaphore nobody else holds any more (its task ended early). It waits
-/// with a [`PaceTimer`]; must be called within the runtime.
+/// with a [`PaceTimer`] set `spin` before each due time, then yields until
+/// it; must be called within the runtime.
 fn spawn_pacer(
     plans: Vec<(Instant, u64, f64)>,
+    spin: Duration,
 ) -> anyhow::Result<Vec<Arc<tokio::sync::Semaphore>>> {
     use std::cmp::Reverse;
     let releases: Vec<_> = plans
@@ -447,13 +464,17 @@ fn spawn_pacer(
             if Arc::strong_count(&mine[p]) == 1 {
                 continue;
             }
-            if let Err(e) = timer.sleep_until(at).await {
+            if let Err(e) = timer.sleep_until(at.checked_sub(spin).unwrap_or(at)).await {
                 // The producers waiting for permits then end with "pacer".
                 eprintln!("cms-perf: the pacer's timer failed: {e}");
                 for r in &mine {
                     r.close();
                 }
                 return;
+            }
+            // The last stretch: yield (other tasks still run) until due.
+            while Instant::now() < at {
+                tokio::task::yield_now().await;
             }
             mine[p].add_permits(1);
             let (first, n, rate) = plans[p];
@@ -863,6 +884,7 @@ async fn run(cli: Cli) -> anyhow::Result<Map<String, Value>> {
     out.insert("consumers".into(), json!(a.consumers));
     out.insert("topics".into(), json!(a.topics));
     out.insert("io_threads".into(), json!(a.io_threads));
+    out.insert("pace_spin_us".into(), json!(a.pace_spin_us));
     let mut hists = Map::new();
     hists.insert("unit".into(), json!("us"));
     match cli.mode {
@@ -958,7 +980,7 @@ mod tests {
             (start + Duration::from_millis(3), 25, 1_000.0),
             (start, 10, 500.0),
         ];
-        let releases = spawn_pacer(plans.clone()).unwrap();
+        let releases = spawn_pacer(plans.clone(), Duration::from_micros(200)).unwrap();
         let mut releases = releases.into_iter();
         let first = releases.next().unwrap();
         let second = releases.next().unwrap();
