@@ -47,6 +47,11 @@ pub enum OpenMode {
 /// write behind it waits for about 1 ms of disk (at ≈ 270 MB/s).
 pub const WRITE_OUT_CHUNK_BYTES: u64 = 256 * 1024;
 
+/// The alignment (file offset and length) [`FsFile::write_durable_at`]
+/// needs to bypass the page cache: a memory page, which is also the largest
+/// logical block size Linux allows, so it suits any device.
+pub const DIRECT_IO_ALIGN_BYTES: u64 = 4096;
+
 /// The default of the most bytes one entry-log read asks the disk for at a
 /// time ([`FsFile::read_exact_in_pieces`]; `cms-bookie serve
 /// --read-io-bytes-max`): about 2 ms of disk at ≈ 270 MB/s.
@@ -63,6 +68,20 @@ pub trait FsFile: Send + Sync + Debug {
 
     /// Makes every write so far durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
+
+    /// Writes all of `buf` at `offset` and makes those bytes durable before
+    /// returning: `Ok` promises what [`FsFile::write_at`] then
+    /// [`FsFile::sync_data`] promise for them, and an error means they may
+    /// be lost (fatal for them, as a `sync_data` error is). Other unsynced
+    /// writes to the file are not necessarily made durable. The default is
+    /// exactly that pair of calls; [`RealFs`] does it in one `pwrite` that
+    /// bypasses the page cache (`O_DIRECT | O_DSYNC`) when `offset` and
+    /// `buf.len()` are multiples of [`DIRECT_IO_ALIGN_BYTES`] and the file
+    /// system takes direct I/O, and falls back to the pair otherwise.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.sync_data()
+    }
 
     /// Writes `[offset, offset + len)` back to the disk and waits for it, in
     /// pieces of [`WRITE_OUT_CHUNK_BYTES`] one after the other, without a

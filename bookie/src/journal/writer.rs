@@ -6,7 +6,10 @@
 //! waited `group_commit_delay_us_max`. It then pads the group to
 //! [`ALIGN_BYTES`](super::record::ALIGN_BYTES), writes it, and under
 //! [`SyncPolicy::FsyncBeforeAck`] calls `fdatasync` **before** completing any
-//! append of the group. Any I/O error is fatal: the group's appends get the
+//! append of the group. With `direct_io` (the default) the write and its sync
+//! are one call, [`FsFile::write_durable_at`]: every group write then covers
+//! whole pages, starting with the bytes already in the group's first page
+//! (the writer keeps them), so it can bypass the page cache. Any I/O error is fatal: the group's appends get the
 //! error, the shared state is marked failed and the thread exits (queued
 //! appends then fail too). Nothing is retried.
 
@@ -38,8 +41,13 @@ pub(crate) struct Writer {
     write_pos: u64,
     /// The file is durable up to here.
     synced_pos: u64,
-    /// The group being built.
+    /// The group being built, after `head_len` bytes that are the file's
+    /// bytes from the start of `write_pos`'s page up to `write_pos` (already
+    /// written): `buf` is the file from `write_pos - head_len` on, so a
+    /// group write starts on a page boundary.
     buf: Vec<u8>,
+    /// Bytes of `buf` before the group (see `buf`).
+    head_len: usize,
     /// Start of the last record in `buf`.
     last_start: usize,
     /// Appends waiting on the group in `buf`.
@@ -68,7 +76,8 @@ impl Writer {
             seq,
             write_pos: FILE_HEADER_BYTES,
             synced_pos: FILE_HEADER_BYTES,
-            buf: Vec::with_capacity(cap),
+            buf: Vec::with_capacity(cap + PAGE_BYTES as usize),
+            head_len: 0,
             last_start: 0,
             waiters: Vec::new(),
             group_started: Instant::now(),
@@ -93,7 +102,26 @@ impl Writer {
         // terminal error (failed) or Closed.
     }
 
+    /// Bytes of records in the group being built.
+    fn group_len(&self) -> usize {
+        self.buf.len() - self.head_len
+    }
+
+    /// Loads the bytes of `write_pos`'s page before it (a new file's header)
+    /// as the head of `buf`; the group is empty.
+    fn load_head(&mut self) -> Result<(), JournalError> {
+        let page_start = self.write_pos - self.write_pos % PAGE_BYTES;
+        self.head_len = (self.write_pos - page_start) as usize;
+        self.buf.clear();
+        self.buf.resize(self.head_len, 0);
+        if let Err(e) = self.file.read_exact_at(&mut self.buf, page_start) {
+            return Err(io_err("read page head", &self.path(), e));
+        }
+        Ok(())
+    }
+
     fn run_loop(&mut self) -> Result<(), JournalError> {
+        self.load_head()?;
         let relaxed = self.shared.cfg.sync_policy == SyncPolicy::RelaxedAckBeforeFsync;
         let delay = Duration::from_micros(self.shared.cfg.group_commit_delay_us_max);
         let bytes_max = self.shared.cfg.group_commit_bytes_max;
@@ -120,7 +148,7 @@ impl Writer {
                 Msg::Append { rec, done } => self.add(rec, done)?,
                 Msg::Close => closing = true,
             }
-            while !closing && self.buf.len() < bytes_max && self.group_started.elapsed() < delay {
+            while !closing && self.group_len() < bytes_max && self.group_started.elapsed() < delay {
                 match self.rx.try_recv() {
                     Ok(Msg::Append { rec, done }) => self.add(rec, done)?,
                     Ok(Msg::Close) | Err(TryRecvError::Disconnected) => closing = true,
@@ -148,12 +176,12 @@ impl Writer {
     fn add(&mut self, rec: JournalRecord, done: Done) -> Result<(), JournalError> {
         self.shared.metrics.queue_records.dec();
         let len = record::record_len(&rec) as u64;
-        let end = record::align_up(self.write_pos + self.buf.len() as u64 + len);
+        let end = record::align_up(self.write_pos + self.group_len() as u64 + len);
         if end > self.shared.cfg.file_bytes {
             self.flush_group()?;
             self.rotate()?;
         }
-        if self.buf.is_empty() {
+        if self.group_len() == 0 {
             self.group_started = Instant::now();
         }
         self.last_start = record::encode_into(&mut self.buf, &rec, self.seq, self.synced_pos);
@@ -164,11 +192,11 @@ impl Writer {
     /// Writes the group (padded), syncs it under fsync-before-ack, then
     /// completes its appends.
     fn flush_group(&mut self) -> Result<(), JournalError> {
-        if self.buf.is_empty() {
+        if self.group_len() == 0 {
             return Ok(());
         }
         record::mark_last_in_group(&mut self.buf, self.last_start);
-        let padded = record::align_up(self.buf.len() as u64) as usize;
+        let padded = record::align_up(self.group_len() as u64) as usize;
         // The write goes on with zeros to the end of the page the group ends
         // in (within the file): it then covers every page it starts whole,
         // so the kernel never reads a page from the disk to merge a partial
@@ -177,22 +205,55 @@ impl Writer {
         // the disk is reading. The next group starts at `write_pos` as
         // always and overwrites these zeros; zeros past the last group are
         // what a pre-filled file holds anyway (replay's clean end).
+        // The write starts at the page's start (the head: bytes written
+        // before, rewritten unchanged), so it covers whole pages but in the
+        // file's last page.
+        let start = self.write_pos - self.head_len as u64;
         let end = self.write_pos + padded as u64;
         let file_end = self.shared.cfg.file_bytes.max(end);
         let page_end = end.next_multiple_of(PAGE_BYTES).min(file_end);
-        self.buf.resize((page_end - self.write_pos) as usize, 0);
+        self.buf.resize((page_end - start) as usize, 0);
         let records = self.waiters.len();
+        let durable_write =
+            self.shared.cfg.sync_policy == SyncPolicy::FsyncBeforeAck && self.shared.cfg.direct_io;
         let t = Instant::now();
-        if let Err(e) = self.file.write_at(&self.buf, self.write_pos) {
-            return Err(io_err("write", &self.path(), e));
+        if durable_write {
+            // THE durability point (direct I/O): the write returns once its
+            // bytes are on the disk past its cache; no append of the group
+            // completes before (DESIGN §4.1).
+            if let Err(e) = self.file.write_durable_at(&self.buf, start) {
+                let path = self.path();
+                tracing::error!(file = %path.display(), offset = start, error = %e, "journal durable write failed");
+                return Err(JournalError::SyncFailed(format!(
+                    "durable write {}: {e}",
+                    path.display()
+                )));
+            }
+            self.shared
+                .metrics
+                .fsync_seconds
+                .observe(t.elapsed().as_secs_f64());
+        } else {
+            if let Err(e) = self.file.write_at(&self.buf, start) {
+                return Err(io_err("write", &self.path(), e));
+            }
+            self.shared
+                .metrics
+                .write_seconds
+                .observe(t.elapsed().as_secs_f64());
         }
+        self.write_pos = end;
+        // The new head: the bytes of the page `write_pos` is now in.
+        let keep_from = (end - end % PAGE_BYTES - start) as usize;
+        self.buf.truncate((end - start) as usize);
+        self.buf.drain(..keep_from);
+        self.head_len = self.buf.len();
         let m = &self.shared.metrics;
-        m.write_seconds.observe(t.elapsed().as_secs_f64());
-        self.write_pos += padded as u64;
-        self.buf.clear();
         m.written_bytes.inc_by(padded as u64);
         m.group_records.observe(records as f64);
-        if self.shared.cfg.sync_policy == SyncPolicy::FsyncBeforeAck {
+        if durable_write {
+            self.mark_synced();
+        } else if self.shared.cfg.sync_policy == SyncPolicy::FsyncBeforeAck {
             // THE durability point: no append of this group completes before
             // its bytes are fdatasynced (DESIGN §4.1).
             self.sync()?;
@@ -218,13 +279,18 @@ impl Writer {
             .metrics
             .fsync_seconds
             .observe(t.elapsed().as_secs_f64());
+        self.mark_synced();
+        Ok(())
+    }
+
+    /// Everything written so far is durable.
+    fn mark_synced(&mut self) {
         self.last_sync = Instant::now();
         self.synced_pos = self.write_pos;
         self.shared.set_synced(JournalMark {
             file_seq: self.seq,
             offset: self.synced_pos,
         });
-        Ok(())
     }
 
     /// Moves to the next file. The old one is synced first: the new file's
@@ -259,6 +325,7 @@ impl Writer {
         self.seq = header.file_seq;
         self.write_pos = FILE_HEADER_BYTES;
         self.synced_pos = FILE_HEADER_BYTES;
+        self.load_head()?;
         self.shared.set_synced(JournalMark {
             file_seq: self.seq,
             offset: self.synced_pos,

@@ -94,6 +94,12 @@ pub struct BookieConfig {
     /// A group is synced once it holds this many bytes.
     #[arg(long, default_value_t = 512 * 1024)]
     pub group_commit_bytes_max: usize,
+    /// Write journal groups with direct I/O (`O_DIRECT | O_DSYNC`, one
+    /// system call, no page cache) under `fsync-before-ack`; `false` = a
+    /// buffered write then `fdatasync`. Equally durable; direct costs less
+    /// CPU. File systems without direct I/O (tmpfs) use the pair anyway.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub journal_direct_io: bool,
     /// Records queued for the journal before adds get TOO_MANY_REQUESTS.
     #[arg(long, default_value_t = 10_000)]
     pub journal_queue_records_max: usize,
@@ -435,6 +441,7 @@ impl BookieConfig {
             sync_policy: self.sync_policy,
             relaxed_sync_interval_ms: self.relaxed_sync_interval_ms,
             spare_files_max: 2,
+            direct_io: self.journal_direct_io,
         }
     }
 
