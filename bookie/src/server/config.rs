@@ -554,6 +554,13 @@ mod tests {
     }
 
     #[test]
+    fn journal_direct_io_is_on_by_default_and_can_be_turned_off() {
+        assert!(parse(&[]).journal().direct_io);
+        assert!(!parse(&["--journal-direct-io=false"]).journal().direct_io);
+        assert!(parse(&["--journal-direct-io", "true"]).journal().direct_io);
+    }
+
+    #[test]
     fn worker_threads_are_bounded() {
         parse(&["--worker-threads=1"]).validate().unwrap();
         assert_eq!(
