@@ -7,11 +7,13 @@
 //! [`ALIGN_BYTES`](super::record::ALIGN_BYTES), writes it, and under
 //! [`SyncPolicy::FsyncBeforeAck`] calls `fdatasync` **before** completing any
 //! append of the group. With `direct_io` (the default) the write and its sync
-//! are one call, [`FsFile::write_durable_at`]: every group write then covers
-//! whole pages, starting with the bytes already in the group's first page
-//! (the writer keeps them), so it can bypass the page cache. Any I/O error is fatal: the group's appends get the
-//! error, the shared state is marked failed and the thread exits (queued
-//! appends then fail too). Nothing is retried.
+//! are one call, [`FsFile::write_durable_at`]. Every group write covers whole
+//! pages (but in a file whose size is not a page multiple): it starts with
+//! the bytes already in the group's first page (the writer keeps them) and
+//! runs on with zeros to its last page's end, so it can bypass the page
+//! cache. Any I/O error is fatal: the group's appends get the error, the
+//! shared state is marked failed and the thread exits (queued appends then
+//! fail too). Nothing is retried.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
