@@ -6,10 +6,19 @@
 //! - **Durable before ack.** Under [`SyncPolicy::FsyncBeforeAck`] (the default)
 //!   the future of [`Journal::append`] resolves `Ok` only after `fdatasync`
 //!   of the group holding the record returned `Ok` (DESIGN §4.1).
-//! - **Group commit without a fixed wait.** One writer thread takes everything
-//!   queued and flushes (write + `fdatasync`) when the queue drains, when the
-//!   group's first record has waited `group_commit_delay_us_max`, or when the
-//!   group reaches `group_commit_bytes_max`; a lone append is synced at once.
+//! - **Group commit without a fixed wait.** A group is everything queued,
+//!   flushed (write + `fdatasync`) when the queue drains, when the group's
+//!   first record has waited `group_commit_delay_us_max`, or when the group
+//!   reaches `group_commit_bytes_max`; a lone append is synced at once.
+//! - **Who writes.** While the journal is idle, a small group (at most 4
+//!   records and 64 KiB, no rotation) is written by the runtime thread that
+//!   appended, in a flush task that runs after the runtime's other ready work
+//!   has queued its appends (`inline_writes`, default on under
+//!   fsync-before-ack): no thread hand-off, two wake-ups fewer per group.
+//!   Anything larger, a rotation, an append made outside a tokio runtime,
+//!   everything while the writer thread is busy, and every group for a
+//!   second after a runtime-thread write slower than 10 ms go to the writer
+//!   thread. Either way one writer at a time, in queue order.
 //! - **An fsync error is fatal.** Nothing in that group is acknowledged, every
 //!   later append fails, [`Journal::is_failed`] turns true; never retried
 //!   (STYLE §7, RELIABILITY P0-10).
@@ -23,7 +32,8 @@
 //!   ([`RECORD_DATA_BYTES_MAX`]), files (`file_bytes`, `spare_files_max`).
 //!
 //! Layout: `record` (formats), `file` (files, checkpoint, spares),
-//! `writer` (the writer thread), `replay` (recovery).
+//! `writer` (the queue, the writer thread and inline flushes), `replay`
+//! (recovery).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), cms_bookie::journal::JournalError> {
@@ -49,7 +59,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -127,6 +137,17 @@ pub struct JournalConfig {
     /// are durable); it saves CPU and a system call per group. File systems
     /// without direct I/O (tmpfs) get the write + `fdatasync` pair anyway.
     pub direct_io: bool,
+    /// Under fsync-before-ack, let the runtime thread that appended write a
+    /// small group itself (default true) when the writer thread is idle:
+    /// a flush task runs once the runtime's other ready work has queued its
+    /// appends, and writes them as one group, saving the two thread
+    /// hand-offs (wake the writer, wake the appender) per group. Groups of
+    /// more than 4 records or 64 KiB, groups that need a rotation, and the
+    /// second after such a write that took over 10 ms go to the writer
+    /// thread, as does everything while it is busy. The same durability
+    /// either way. An append must not block its runtime thread while it
+    /// waits (none in the bookie does): the flush task needs that thread.
+    pub inline_writes: bool,
 }
 
 impl JournalConfig {
@@ -142,6 +163,7 @@ impl JournalConfig {
             relaxed_sync_interval_ms: 100,
             spare_files_max: 2,
             direct_io: true,
+            inline_writes: true,
         }
     }
 }
@@ -313,27 +335,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What the writer thread is sent.
-enum Msg {
-    /// Journal `rec` and report on `done`.
-    Append {
-        rec: JournalRecord,
-        done: oneshot::Sender<Result<(), JournalError>>,
-    },
-    /// Flush what came before, sync, and stop.
-    Close,
-}
-
 /// The journal: `Send + Sync`, cheap to clone (all clones share one writer).
 #[derive(Debug, Clone)]
 pub struct Journal {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     shared: Arc<Shared>,
-    tx: SyncSender<Msg>,
+    core: Arc<writer::Core>,
     closed: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Wakes the preallocator; dropped (with the writer's) to stop it.
@@ -341,12 +351,12 @@ struct Inner {
     prealloc_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for Msg {
+impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Msg::Append { rec, .. } => f.debug_struct("Append").field("rec", rec).finish(),
-            Msg::Close => f.write_str("Close"),
-        }
+        f.debug_struct("Journal")
+            .field("dir", &self.shared.cfg.dir)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
     }
 }
 
@@ -431,16 +441,18 @@ impl Journal {
         prealloc::top_up(&shared, None)?;
         let (wake, woken) = mpsc::sync_channel(1);
         let prealloc_thread = prealloc::spawn(shared.clone(), woken)?;
-        let (tx, rx) = mpsc::sync_channel(shared.cfg.queue_records_max.max(1));
-        let w = writer::Writer::new(shared.clone(), rx, first, outcome.next_seq, wake.clone());
+        let mut w = writer::Writer::new(shared.clone(), first, outcome.next_seq, wake.clone());
+        w.load_head()?;
+        let core = writer::Core::new(shared.clone(), w);
+        let thread_core = core.clone();
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || w.run())
+            .spawn(move || thread_core.run_thread())
             .map_err(|e| JournalError::Io(format!("spawn journal writer: {e}")))?;
         Ok(Journal {
             inner: Arc::new(Inner {
                 shared,
-                tx,
+                core,
                 closed: AtomicBool::new(false),
                 thread: Mutex::new(Some(thread)),
                 prealloc_wake: Mutex::new(Some(wake)),
@@ -485,18 +497,10 @@ impl Journal {
             return Err(JournalError::TooLarge(data));
         }
         let (done, rx) = oneshot::channel();
-        shared.metrics.queue_records.inc();
-        match self.inner.tx.try_send(Msg::Append { rec, done }) {
-            Ok(()) => Ok(rx),
-            Err(TrySendError::Full(_)) => {
-                shared.metrics.queue_records.dec();
-                Err(JournalError::QueueFull)
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                shared.metrics.queue_records.dec();
-                Err(shared.terminal_error())
-            }
+        if let writer::Queued::SpawnFlush(h) = self.inner.core.push(rec, done)? {
+            h.spawn(self.inner.core.flush_task());
         }
+        Ok(rx)
     }
 
     /// Resolves after the writer moved to a new file (at once if it did since
@@ -565,8 +569,7 @@ impl Inner {
     fn close(&self) -> Result<(), JournalError> {
         let mut thread = lock(&self.thread);
         if !self.closed.swap(true, Ordering::SeqCst) {
-            // Blocks only while the queue is full; fails if the writer is gone.
-            let _ = self.tx.send(Msg::Close);
+            self.core.close();
         }
         if let Some(t) = thread.take()
             && t.join().is_err()
@@ -574,7 +577,7 @@ impl Inner {
             self.shared
                 .fail(JournalError::Io("journal writer thread panicked".into()));
         }
-        // The writer is gone with its sender; dropping ours stops the preallocator.
+        // The writer thread dropped its sender; dropping ours stops the preallocator.
         lock(&self.prealloc_wake).take();
         if let Some(t) = lock(&self.prealloc_thread).take()
             && t.join().is_err()

@@ -1,9 +1,12 @@
 //! Journal behaviour: durability before ack across a power cut, relaxed mode,
 //! torn tails, corruption refusal, generations of reused files, group commit,
-//! fsync failure, rotation with checkpoints and recycling, queue bounds.
+//! fsync failure, rotation with checkpoints and recycling, queue bounds; groups
+//! written by the appender's runtime thread (inline) or by the writer thread.
 //!
 //! Timing is never hoped for: where a test needs the writer to be busy, a
 //! gate in the storage seam holds its `fdatasync` until the test opens it.
+//! Tests that hold a sync at the gate run on a multi-thread runtime, so an
+//! inline flush task can block at the gate on a worker while the test goes on.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -75,6 +78,8 @@ struct GateState {
     closed: bool,
     /// Syncs waiting at the gate.
     waiting: usize,
+    /// The name of the thread of each sync that reached the gate.
+    threads: Vec<String>,
 }
 
 impl Gate {
@@ -85,12 +90,25 @@ impl Gate {
 
     fn pass(&self) {
         let mut st = self.state.lock().unwrap();
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        st.threads.push(name);
         st.waiting += 1;
         self.cv.notify_all();
         while st.closed {
             st = self.cv.wait(st).unwrap();
         }
         st.waiting -= 1;
+    }
+
+    /// The thread name of the last sync that reached the gate.
+    fn last_thread(&self) -> String {
+        self.state
+            .lock()
+            .unwrap()
+            .threads
+            .last()
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Waits until `n` syncs are held at the gate. The deadline only turns
@@ -225,11 +243,24 @@ async fn appended_record_survives_power_cut_once_its_append_resolved() {
             JournalRecord::Fence { ledger_id: 1 },
         ]
     );
+}
 
-    // No ack while the group's fdatasync is in progress.
+/// No ack while the group's fdatasync is in progress, whoever writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_append_resolves_while_its_group_sync_is_in_progress() {
+    for inline in [false, true] {
+        no_ack_before_sync(inline).await;
+    }
+}
+
+async fn no_ack_before_sync(inline: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (faulty, gate, fs) = gated();
-    let (j, _) = open_with(fs, cfg(dir.path())).unwrap();
+    let c = JournalConfig {
+        inline_writes: inline,
+        ..cfg(dir.path())
+    };
+    let (j, _) = open_with(fs, c).unwrap();
     let _open = OpenOnDrop(gate.clone());
     gate.set_closed(true);
     let mut pending = Box::pin(j.append(entry(1)));
@@ -455,13 +486,20 @@ async fn records_of_an_older_generation_in_a_reused_file_are_not_replayed() {
     j.close().unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_appends_share_syncs_and_a_lone_append_never_waits_for_the_delay() {
+    for inline in [false, true] {
+        concurrent_appends_share_syncs(inline).await;
+    }
+}
+
+async fn concurrent_appends_share_syncs(inline: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (faulty, gate, fs) = gated();
     let c = JournalConfig {
         // Only a drained queue can end a group here: any fixed wait would hang.
         group_commit_delay_us_max: 3_600_000_000,
+        inline_writes: inline,
         ..cfg(dir.path())
     };
     let (j, _) = open_with(fs, c).unwrap();
@@ -497,11 +535,21 @@ async fn concurrent_appends_share_syncs_and_a_lone_append_never_waits_for_the_de
     assert_eq!(seen, (0..101).map(entry).collect::<Vec<_>>());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_fdatasync_fails_its_group_and_every_later_append() {
+    for inline in [false, true] {
+        failed_sync_fails_all(inline).await;
+    }
+}
+
+async fn failed_sync_fails_all(inline: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (faulty, gate, fs) = gated();
-    let (j, _) = open_with(fs, cfg(dir.path())).unwrap();
+    let c = JournalConfig {
+        inline_writes: inline,
+        ..cfg(dir.path())
+    };
+    let (j, _) = open_with(fs, c).unwrap();
     let _open = OpenOnDrop(gate.clone());
     j.append(entry(0)).await.unwrap();
 
@@ -570,12 +618,19 @@ async fn rotation_checkpoints_and_recycling_keep_files_bounded_and_replay_from_t
     j.close().unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_fails_fast_at_the_queue_bound_and_for_oversized_records() {
+    for inline in [false, true] {
+        queue_bound_and_oversized(inline).await;
+    }
+}
+
+async fn queue_bound_and_oversized(inline: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (_faulty, gate, fs) = gated();
     let c = JournalConfig {
         queue_records_max: 4,
+        inline_writes: inline,
         ..cfg(dir.path())
     };
     let (j, _) = open_with(fs, c).unwrap();
@@ -896,4 +951,143 @@ async fn direct_and_buffered_journals_write_the_same_bytes() {
     };
     let seen = replayed(c).unwrap();
     assert_eq!(seen.len(), 600, "both rounds' records replay");
+}
+
+/// Under a runtime, a lone append's group is written by the appender's
+/// thread (no hand-off); with `inline_writes` off, or with no runtime, by the
+/// writer thread. Appends queued in one runtime turn share one group.
+#[tokio::test]
+async fn groups_are_written_inline_by_the_runtime_or_by_the_writer_thread() {
+    for inline in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (faulty, gate, fs) = gated();
+        let c = JournalConfig {
+            inline_writes: inline,
+            ..cfg(dir.path())
+        };
+        let (j, _) = open_with(fs, c.clone()).unwrap();
+        let base = faulty.sync_count();
+        j.append(entry(0)).await.unwrap();
+        assert_eq!(faulty.sync_count() - base, 1);
+        let writer = gate.last_thread() == "journal-writer";
+        assert_eq!(
+            writer,
+            !inline,
+            "inline {inline}: synced on {}",
+            gate.last_thread()
+        );
+
+        // As many appends as a runtime thread writes, queued before the
+        // runtime turns: one group.
+        let base = faulty.sync_count();
+        let n = super::writer::INLINE_RECORDS_MAX as i64;
+        let all: Vec<_> = (1..=n).map(|i| j.append(entry(i))).collect();
+        for r in futures::future::join_all(all).await {
+            r.unwrap();
+        }
+        assert_eq!(faulty.sync_count() - base, 1, "inline {inline}: one group");
+        assert_eq!(gate.last_thread() == "journal-writer", !inline);
+
+        // Outside a runtime the writer thread takes it.
+        let j2 = j.clone();
+        let name = std::thread::spawn(move || {
+            futures::executor::block_on(j2.append(entry(n + 1))).unwrap();
+        });
+        name.join().unwrap();
+        assert_eq!(gate.last_thread(), "journal-writer");
+        j.close().unwrap();
+        assert_eq!(
+            replayed(c).unwrap(),
+            (0..n + 2).map(entry).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A group over the inline bounds (bytes or records) is the writer thread's;
+/// so is a group that needs a rotation. Replay returns everything in append order.
+#[tokio::test]
+async fn large_groups_and_rotations_go_to_the_writer_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_faulty, gate, fs) = gated();
+    let c = JournalConfig {
+        file_bytes: 256 * 1024,
+        ..cfg(dir.path())
+    };
+    let (j, _) = open_with(fs, c.clone()).unwrap();
+    let big = |i: i64| JournalRecord::Entry {
+        ledger_id: 2,
+        entry_id: i,
+        data: Bytes::from(vec![i as u8; 20 * 1024]),
+    };
+    // 4 × 20 KiB queued in one turn: over 64 KiB.
+    let all: Vec<_> = (0..4).map(|i| j.append(big(i))).collect();
+    for r in futures::future::join_all(all).await {
+        r.unwrap();
+    }
+    assert_eq!(gate.last_thread(), "journal-writer");
+    // More records than a runtime thread writes, however small.
+    let n = super::writer::INLINE_RECORDS_MAX as i64 + 1;
+    let all: Vec<_> = (0..n).map(|i| j.append(entry(i))).collect();
+    for r in futures::future::join_all(all).await {
+        r.unwrap();
+    }
+    assert_eq!(gate.last_thread(), "journal-writer");
+    // Lone 20 KiB appends go inline until one needs the next file.
+    let mut threads = Vec::new();
+    for i in 4..16 {
+        j.append(big(i)).await.unwrap();
+        threads.push(gate.last_thread());
+    }
+    let on_writer = threads.iter().filter(|t| *t == "journal-writer").count();
+    assert!(
+        (1..threads.len()).contains(&on_writer),
+        "rotations on the writer thread, the rest inline: {threads:?}"
+    );
+    j.close().unwrap();
+    let mut want: Vec<_> = (0..4).map(big).collect();
+    want.extend((0..n).map(entry));
+    want.extend((4..16).map(big));
+    assert_eq!(replayed(c).unwrap(), want);
+}
+
+/// An inline write slower than `INLINE_SLOW` sends the next groups to the
+/// writer thread, so a slow disk blocks that thread, not the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_inline_write_pauses_inline_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_faulty, gate, fs) = gated();
+    let (j, _) = open_with(fs, cfg(dir.path())).unwrap();
+    let _open = OpenOnDrop(gate.clone());
+    gate.set_closed(true);
+    let first = tokio::spawn(j.append(entry(0)));
+    gate.wait_held(1);
+    assert_ne!(gate.last_thread(), "journal-writer");
+    // Held past the bound: the write is slow by construction.
+    std::thread::sleep(super::writer::INLINE_SLOW * 2);
+    gate.set_closed(false);
+    first.await.unwrap().unwrap();
+    j.append(entry(1)).await.unwrap();
+    assert_eq!(gate.last_thread(), "journal-writer");
+    j.close().unwrap();
+}
+
+/// A flush task dropped before it ran (its runtime shut down) hands the queue
+/// to the writer thread: the append still completes.
+#[test]
+fn a_flush_task_dropped_unrun_hands_the_group_to_the_writer_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_faulty, gate, fs) = gated();
+    let (j, _) = open_with(fs, cfg(dir.path())).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let pending = {
+        let _in_rt = rt.enter();
+        j.append(entry(0)) // spawns the flush task on `rt`, which never runs it
+    };
+    drop(rt);
+    futures::executor::block_on(pending).unwrap();
+    assert_eq!(gate.last_thread(), "journal-writer");
+    j.close().unwrap();
+    assert_eq!(replayed(cfg(dir.path())).unwrap(), vec![entry(0)]);
 }

@@ -1,40 +1,340 @@
-//! The journal writer thread: group commit, `fdatasync` before ack, rotation.
+//! The journal's writers: group commit, `fdatasync` before ack, rotation.
 //!
-//! It takes the first queued append, then everything else already queued,
-//! encoding each into one group buffer, until the queue is empty, the group
-//! holds `group_commit_bytes_max` bytes, or the group's first record has
-//! waited `group_commit_delay_us_max`. It then pads the group to
-//! [`ALIGN_BYTES`](super::record::ALIGN_BYTES), writes it, and under
-//! [`SyncPolicy::FsyncBeforeAck`] calls `fdatasync` **before** completing any
-//! append of the group. With `direct_io` (the default) the write and its sync
-//! are one call, [`FsFile::write_durable_at`]. Every group write covers whole
-//! pages (but in a file whose size is not a page multiple): it starts with
-//! the bytes already in the group's first page (the writer keeps them) and
-//! runs on with zeros to its last page's end, so it can bypass the page
-//! cache. Any I/O error is fatal: the group's appends get the error, the
-//! shared state is marked failed and the thread exits (queued appends then
-//! fail too). Nothing is retried.
+//! Appends go into one queue ([`Core`]). A group is written by whoever holds
+//! the writer state, which takes records from the queue's head only while
+//! holding it, so groups keep the queue's order:
+//! - **inline**: while the writer thread is idle, an append under a tokio
+//!   runtime schedules a flush task there. The task first yields (so the
+//!   runtime's other ready tasks, and the socket reads its I/O driver finds,
+//!   queue their appends too), then writes the queue as one group on that
+//!   thread if it is small ([`INLINE_RECORDS_MAX`], [`INLINE_BYTES_MAX`]) and
+//!   fits the current file. No hand-off to another thread and back: in W2
+//!   that was two of a bookie add's four wake-ups.
+//! - **the writer thread** takes everything else: larger groups, rotations,
+//!   appends made outside a runtime, relaxed mode, and every append while
+//!   it is active (it keeps flushing until it finds the queue empty; appends
+//!   meanwhile only queue, no wake-up). An inline write slower than
+//!   [`INLINE_SLOW`] hands the next [`INLINE_PAUSE`] to it, so a slow disk
+//!   stalls that thread and not the runtime's reads.
+//!
+//! A group takes the first queued append, then everything else queued, until
+//! the queue is empty, the group holds `group_commit_bytes_max` bytes, or the
+//! group's first record has waited `group_commit_delay_us_max`. It is padded
+//! to [`ALIGN_BYTES`](super::record::ALIGN_BYTES), written, and under
+//! [`SyncPolicy::FsyncBeforeAck`] synced **before** any append of the group
+//! completes. With `direct_io` (the default) the write and its sync are one
+//! call, [`FsFile::write_durable_at`]. Every group write covers whole pages
+//! (but in a file whose size is not a page multiple): it starts with the
+//! bytes already in the group's first page (the writer keeps them) and runs
+//! on with zeros to its last page's end, so it can bypass the page cache. Any
+//! I/O error is fatal: the group's appends and every queued one get the
+//! error, the shared state is marked failed, later appends fail, and the
+//! thread exits. Nothing is retried.
 
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::collections::VecDeque;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::file::{self, io_err};
 use super::record::{self, FILE_HEADER_BYTES, FileHeader};
-use super::{JournalError, JournalMark, JournalRecord, Msg, Shared, SyncPolicy, lock};
+use super::{JournalError, JournalMark, JournalRecord, Shared, SyncPolicy, lock};
 use crate::fs::FsFile;
 
-type Done = oneshot::Sender<Result<(), JournalError>>;
+pub(crate) type Done = oneshot::Sender<Result<(), JournalError>>;
 
 /// The page size group writes are extended to (zeros to the page's end).
 pub(crate) const PAGE_BYTES: u64 = 4096;
 
-/// The writer's state; lives on its thread.
+/// The largest group a runtime thread writes itself; a larger one goes to
+/// the writer thread (a large write would hold the runtime too long, and a
+/// large group means the journal is busy, where the thread's pipelining pays).
+pub(crate) const INLINE_BYTES_MAX: u64 = 64 * 1024;
+/// The most records a runtime thread writes as one group; more go to the
+/// writer thread (many records queued at once mean a busy journal).
+pub(crate) const INLINE_RECORDS_MAX: usize = 4;
+/// A runtime thread's group write slower than this pauses inline writes for
+/// [`INLINE_PAUSE`]: a slow disk then blocks only the writer thread, and the
+/// runtime goes on serving reads and other requests.
+pub(crate) const INLINE_SLOW: Duration = Duration::from_millis(10);
+/// See [`INLINE_SLOW`].
+pub(crate) const INLINE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The append queue and who flushes it.
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<(JournalRecord, Done)>,
+    /// The writer thread flushes until it finds the queue empty; appends
+    /// meanwhile only queue (no wake-up: the thread looks before it sleeps).
+    thread_active: bool,
+    /// A flush task is scheduled on the appender's runtime.
+    inline_pending: bool,
+    /// `close` was called: no more appends; the thread drains and stops.
+    closing: bool,
+    /// Inline writes are paused until then (see [`INLINE_SLOW`]).
+    inline_paused_until: Option<Instant>,
+}
+
+/// What the appender must do after queueing.
+#[must_use]
+pub(crate) enum Queued {
+    /// Nothing: a flush is already due.
+    Nothing,
+    /// Spawn [`Core::flush_task`] on this runtime.
+    SpawnFlush(tokio::runtime::Handle),
+}
+
+/// The queue and the writer state, shared by the journal handles, the writer
+/// thread and flush tasks. Whoever holds `writer` writes, and takes records
+/// from the head of the queue only while holding it, so groups keep the
+/// queue's order. Lock order: a thread that holds `queue` only ever
+/// `try_lock`s `writer`.
+pub(crate) struct Core {
+    pub(crate) shared: Arc<Shared>,
+    queue: Mutex<Queue>,
+    /// Wakes the writer thread.
+    cv: Condvar,
+    writer: Mutex<Writer>,
+}
+
+impl Core {
+    pub(crate) fn new(shared: Arc<Shared>, writer: Writer) -> Arc<Self> {
+        Arc::new(Self {
+            shared,
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            writer: Mutex::new(writer),
+        })
+    }
+
+    /// Queues an append (in call order). Fails fast when closed, failed or
+    /// at the queue's bound.
+    pub(crate) fn push(&self, rec: JournalRecord, done: Done) -> Result<Queued, JournalError> {
+        let shared = &self.shared;
+        let mut q = lock(&self.queue);
+        // Checked under the queue lock: `close` and `fail_all` drain it under
+        // the same lock, so nothing is queued after they looked.
+        if q.closing {
+            return Err(JournalError::Closed);
+        }
+        if shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(shared.terminal_error());
+        }
+        if q.items.len() >= shared.cfg.queue_records_max.max(1) {
+            return Err(JournalError::QueueFull);
+        }
+        shared.metrics.queue_records.inc();
+        q.items.push_back((rec, done));
+        if q.thread_active || q.inline_pending {
+            return Ok(Queued::Nothing);
+        }
+        let inline = shared.cfg.inline_writes
+            && shared.cfg.sync_policy == SyncPolicy::FsyncBeforeAck
+            && q.inline_paused_until.is_none_or(|t| Instant::now() >= t);
+        if inline && let Ok(h) = tokio::runtime::Handle::try_current() {
+            q.inline_pending = true;
+            return Ok(Queued::SpawnFlush(h));
+        }
+        q.thread_active = true;
+        self.cv.notify_one();
+        Ok(Queued::Nothing)
+    }
+
+    /// A task that lets the runtime's other ready work (and the socket
+    /// reads the I/O driver finds) queue their appends first, then writes
+    /// the group on this thread ([`Core::flush_inline`]). Dropped unrun (the
+    /// runtime shutting down), it hands the queue to the writer thread.
+    pub(crate) fn flush_task(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let mut guard = FlushGuard(Some(Arc::downgrade(self)));
+        async move {
+            tokio::task::yield_now().await;
+            if let Some(core) = guard.0.take().and_then(|w| w.upgrade()) {
+                core.flush_inline();
+            }
+        }
+    }
+
+    /// Writes everything queued on the calling thread if it is a small
+    /// group (at most [`INLINE_RECORDS_MAX`] records and [`INLINE_BYTES_MAX`]
+    /// bytes) that fits the current file and nobody else is writing;
+    /// otherwise hands the queue to the writer thread.
+    fn flush_inline(&self) {
+        let mut q = lock(&self.queue);
+        q.inline_pending = false;
+        if q.thread_active || q.closing || q.items.is_empty() {
+            return; // the thread has it (closing: it drains), or nothing to do
+        }
+        let mut w = match self.writer.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return self.hand_off(q),
+        };
+        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // fail_all drained the queue
+        }
+        let bytes: u64 = q
+            .items
+            .iter()
+            .map(|(r, _)| record::record_len(r) as u64)
+            .sum();
+        if q.items.len() > INLINE_RECORDS_MAX
+            || bytes > INLINE_BYTES_MAX.min(self.shared.cfg.group_commit_bytes_max as u64)
+            || !w.fits(bytes)
+        {
+            drop(w);
+            return self.hand_off(q);
+        }
+        let items = std::mem::take(&mut q.items);
+        drop(q);
+        let t = Instant::now();
+        let r = items
+            .into_iter()
+            .try_for_each(|(rec, done)| w.add(rec, done))
+            .and_then(|()| w.flush_group());
+        if let Err(e) = r {
+            return self.fail_all(&mut w, e);
+        }
+        if t.elapsed() > INLINE_SLOW {
+            tracing::warn!(
+                elapsed_us = t.elapsed().as_micros() as u64,
+                "slow journal write on a runtime thread: the writer thread takes the next second's groups"
+            );
+            lock(&self.queue).inline_paused_until = Some(Instant::now() + INLINE_PAUSE);
+        }
+    }
+
+    /// The writer thread takes over the queue.
+    fn hand_off(&self, mut q: std::sync::MutexGuard<'_, Queue>) {
+        if !q.thread_active && !q.items.is_empty() {
+            q.thread_active = true;
+            self.cv.notify_one();
+        }
+    }
+
+    /// A fatal error: the writer's group and every queued append get it, no
+    /// more appends are taken, the writer thread stops.
+    fn fail_all(&self, w: &mut Writer, e: JournalError) {
+        // `failed` is set before the queue is drained under its lock, so an
+        // append either queued before (drained here) or sees `failed`.
+        self.shared.fail(e.clone());
+        for d in w.waiters.drain(..) {
+            let _ = d.send(Err(e.clone()));
+        }
+        let mut q = lock(&self.queue);
+        for (_, d) in q.items.drain(..) {
+            self.shared.metrics.queue_records.dec();
+            let _ = d.send(Err(e.clone()));
+        }
+        self.cv.notify_all();
+    }
+
+    /// Stops taking appends; the writer thread drains the queue and stops.
+    pub(crate) fn close(&self) {
+        let mut q = lock(&self.queue);
+        q.closing = true;
+        self.cv.notify_all();
+    }
+
+    /// The writer thread: flushes while it is handed the queue, runs relaxed
+    /// mode's periodic sync, drains the queue on close. Returns when closed
+    /// or failed.
+    pub(crate) fn run_thread(self: Arc<Self>) {
+        let relaxed = self.shared.cfg.sync_policy == SyncPolicy::RelaxedAckBeforeFsync;
+        let interval = Duration::from_millis(self.shared.cfg.relaxed_sync_interval_ms);
+        let r = (|| -> Result<(), JournalError> {
+            loop {
+                // Only the thread syncs in relaxed mode, so this stays true
+                // until it acts on it.
+                let sync_in = if relaxed {
+                    let w = lock(&self.writer);
+                    (w.synced_pos < w.write_pos)
+                        .then(|| interval.saturating_sub(w.last_sync.elapsed()))
+                } else {
+                    None
+                };
+                let mut q = lock(&self.queue);
+                let closing = loop {
+                    if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Ok(());
+                    }
+                    if q.closing {
+                        break true;
+                    }
+                    if q.thread_active {
+                        if !q.items.is_empty() {
+                            break false;
+                        }
+                        q.thread_active = false;
+                    }
+                    match sync_in {
+                        Some(d) if d.is_zero() => break false,
+                        Some(d) => {
+                            let (g, t) = self
+                                .cv
+                                .wait_timeout(q, d)
+                                .unwrap_or_else(|p| p.into_inner());
+                            q = g;
+                            if t.timed_out() {
+                                break false;
+                            }
+                        }
+                        None => q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner()),
+                    }
+                };
+                drop(q);
+                let mut w = lock(&self.writer);
+                if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Ok(()); // a flush task failed while we waited
+                }
+                let r = if closing {
+                    w.drain_and_sync(&self.queue)
+                } else {
+                    w.take_and_flush(&self.queue).and_then(|()| {
+                        if relaxed
+                            && w.last_sync.elapsed() >= interval
+                            && w.synced_pos < w.write_pos
+                        {
+                            w.sync()?;
+                        }
+                        Ok(())
+                    })
+                };
+                if let Err(e) = r {
+                    self.fail_all(&mut w, e.clone());
+                    return Err(e);
+                }
+                if closing {
+                    return Ok(());
+                }
+            }
+        })();
+        let mut w = lock(&self.writer);
+        // With the thread gone, nothing rotates: let the preallocator stop.
+        w.prealloc_wake.take();
+        if r.is_ok() {
+            tracing::debug!(file = %w.path().display(), offset = w.write_pos, "journal writer stopped");
+        }
+    }
+}
+
+/// See [`Core::flush_task`].
+struct FlushGuard(Option<Weak<Core>>);
+
+impl Drop for FlushGuard {
+    fn drop(&mut self) {
+        if let Some(core) = self.0.take().and_then(|w| w.upgrade()) {
+            let mut q = lock(&core.queue);
+            q.inline_pending = false;
+            core.hand_off(q);
+        }
+    }
+}
+
+/// The writer's state: the file, the group being built, its waiters.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    rx: Receiver<Msg>,
     /// The file being written.
     file: Arc<dyn FsFile>,
     /// Its `file_seq` (= generation of its records).
@@ -58,14 +358,13 @@ pub(crate) struct Writer {
     group_started: Instant,
     /// Last successful sync (relaxed mode's timer).
     last_sync: Instant,
-    /// Wakes the preallocator after a rotation.
-    prealloc_wake: SyncSender<()>,
+    /// Wakes the preallocator after a rotation; taken when the thread stops.
+    prealloc_wake: Option<SyncSender<()>>,
 }
 
 impl Writer {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        rx: Receiver<Msg>,
         file: Arc<dyn FsFile>,
         seq: u64,
         prealloc_wake: SyncSender<()>,
@@ -73,7 +372,6 @@ impl Writer {
         let cap = shared.cfg.group_commit_bytes_max.min(16 * 1024 * 1024);
         Self {
             shared,
-            rx,
             file,
             seq,
             write_pos: FILE_HEADER_BYTES,
@@ -84,7 +382,7 @@ impl Writer {
             waiters: Vec::new(),
             group_started: Instant::now(),
             last_sync: Instant::now(),
-            prealloc_wake,
+            prealloc_wake: Some(prealloc_wake),
         }
     }
 
@@ -92,26 +390,20 @@ impl Writer {
         file::file_path(&self.shared.current, self.seq)
     }
 
-    /// Runs until closed or failed.
-    pub(crate) fn run(mut self) {
-        if let Err(e) = self.run_loop() {
-            self.shared.fail(e.clone());
-            for w in self.waiters.drain(..) {
-                let _ = w.send(Err(e.clone()));
-            }
-        }
-        // Dropping `rx` makes every still-queued append fail with the
-        // terminal error (failed) or Closed.
-    }
-
     /// Bytes of records in the group being built.
     fn group_len(&self) -> usize {
         self.buf.len() - self.head_len
     }
 
+    /// Whether `bytes` more of records fit in the current file (no rotation).
+    fn fits(&self, bytes: u64) -> bool {
+        record::align_up(self.write_pos + self.group_len() as u64 + bytes)
+            <= self.shared.cfg.file_bytes
+    }
+
     /// Loads the bytes of `write_pos`'s page before it (a new file's header)
     /// as the head of `buf`; the group is empty.
-    fn load_head(&mut self) -> Result<(), JournalError> {
+    pub(crate) fn load_head(&mut self) -> Result<(), JournalError> {
         let page_start = self.write_pos - self.write_pos % PAGE_BYTES;
         self.head_len = (self.write_pos - page_start) as usize;
         self.buf.clear();
@@ -122,54 +414,35 @@ impl Writer {
         Ok(())
     }
 
-    fn run_loop(&mut self) -> Result<(), JournalError> {
-        self.load_head()?;
-        let relaxed = self.shared.cfg.sync_policy == SyncPolicy::RelaxedAckBeforeFsync;
+    /// Takes the queue's first record, then more while the queue has them,
+    /// the group is under `group_commit_bytes_max` and its first record has
+    /// waited less than `group_commit_delay_us_max`; writes the group.
+    fn take_and_flush(&mut self, queue: &Mutex<Queue>) -> Result<(), JournalError> {
         let delay = Duration::from_micros(self.shared.cfg.group_commit_delay_us_max);
         let bytes_max = self.shared.cfg.group_commit_bytes_max;
-        let interval = Duration::from_millis(self.shared.cfg.relaxed_sync_interval_ms);
+        let mut first = true;
         loop {
-            let first = if relaxed && self.synced_pos < self.write_pos {
-                let wait = interval.saturating_sub(self.last_sync.elapsed());
-                match self.rx.recv_timeout(wait) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.sync()?;
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            } else {
-                match self.rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => break,
-                }
-            };
-            let mut closing = false;
-            match first {
-                Msg::Append { rec, done } => self.add(rec, done)?,
-                Msg::Close => closing = true,
-            }
-            while !closing && self.group_len() < bytes_max && self.group_started.elapsed() < delay {
-                match self.rx.try_recv() {
-                    Ok(Msg::Append { rec, done }) => self.add(rec, done)?,
-                    Ok(Msg::Close) | Err(TryRecvError::Disconnected) => closing = true,
-                    Err(TryRecvError::Empty) => break,
-                }
-            }
-            self.flush_group()?;
-            if relaxed && self.last_sync.elapsed() >= interval && self.synced_pos < self.write_pos {
-                self.sync()?;
-            }
-            if closing {
+            if !first && (self.group_len() >= bytes_max || self.group_started.elapsed() >= delay) {
                 break;
             }
+            let Some((rec, done)) = lock(queue).items.pop_front() else {
+                break;
+            };
+            first = false;
+            self.add(rec, done)?;
+        }
+        self.flush_group()
+    }
+
+    /// Writes every queued record, in groups, then syncs what is unsynced.
+    fn drain_and_sync(&mut self, queue: &Mutex<Queue>) -> Result<(), JournalError> {
+        while !lock(queue).items.is_empty() {
+            self.take_and_flush(queue)?;
         }
         self.flush_group()?;
         if self.synced_pos < self.write_pos {
             self.sync()?;
         }
-        tracing::debug!(file = %self.path().display(), offset = self.write_pos, "journal writer stopped");
         Ok(())
     }
 
@@ -334,7 +607,9 @@ impl Writer {
         });
         // After the mark moved: the preallocator reads how far into the new
         // file we are. Full means a wake-up is already pending.
-        let _ = self.prealloc_wake.try_send(());
+        if let Some(w) = &self.prealloc_wake {
+            let _ = w.try_send(());
+        }
         self.shared.rotated.notify_one();
         Ok(())
     }
