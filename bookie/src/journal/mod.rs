@@ -313,9 +313,14 @@ impl Shared {
     /// The error an append gets when the writer is gone.
     fn terminal_error(&self) -> JournalError {
         match self.failure.get() {
-            Some(e) if self.failed.load(Ordering::SeqCst) => e.clone(),
+            Some(e) if self.is_failed() => e.clone(),
             _ => JournalError::Closed,
         }
+    }
+
+    /// True after a fatal writer error.
+    fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
     }
 
     /// Records a fatal error: no more writes.
@@ -483,13 +488,8 @@ impl Journal {
         &self,
         rec: JournalRecord,
     ) -> Result<oneshot::Receiver<Result<(), JournalError>>, JournalError> {
+        // Failed and closed journals are refused by `push`, under its lock.
         let shared = &self.inner.shared;
-        if shared.failed.load(Ordering::SeqCst) {
-            return Err(shared.terminal_error());
-        }
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(JournalError::Closed);
-        }
         let data = record::data_len(&rec);
         let fits_file = record::align_up(record::record_len(&rec) as u64)
             <= shared.cfg.file_bytes - record::FILE_HEADER_BYTES;
@@ -556,7 +556,7 @@ impl Journal {
 
     /// True after an fdatasync error: the bookie must stop accepting writes.
     pub fn is_failed(&self) -> bool {
-        self.inner.shared.failed.load(Ordering::SeqCst)
+        self.inner.shared.is_failed()
     }
 
     /// Drains the queue, syncs, stops the writer thread. Idempotent.
@@ -584,7 +584,7 @@ impl Inner {
         {
             tracing::warn!("journal preallocator thread panicked");
         }
-        if self.shared.failed.load(Ordering::SeqCst) {
+        if self.shared.is_failed() {
             return Err(self.shared.terminal_error());
         }
         Ok(())

@@ -70,7 +70,7 @@ pub(crate) fn spawn(
                 if !wait_until_needed(&shared, &wake) {
                     break;
                 }
-                if shared.failed.load(Ordering::SeqCst) {
+                if shared.is_failed() {
                     break;
                 }
                 let pace = file::FillPace {
@@ -95,7 +95,7 @@ pub(crate) fn spawn(
 /// nothing). False when the journal is closing.
 fn wait_until_needed(shared: &Shared, wake: &Receiver<()>) -> bool {
     loop {
-        if shared.failed.load(Ordering::SeqCst) || !lock(&shared.pool).is_empty() {
+        if shared.is_failed() || !lock(&shared.pool).is_empty() {
             return true;
         }
         if lock(&shared.synced).offset >= shared.cfg.file_bytes / 2 {

@@ -115,12 +115,13 @@ impl Core {
         let shared = &self.shared;
         let mut q = lock(&self.queue);
         // Checked under the queue lock: `close` and `fail_all` drain it under
-        // the same lock, so nothing is queued after they looked.
+        // the same lock, so nothing is queued after they looked. A failure
+        // is reported before a close.
+        if shared.is_failed() {
+            return Err(shared.terminal_error());
+        }
         if q.closing {
             return Err(JournalError::Closed);
-        }
-        if shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(shared.terminal_error());
         }
         if q.items.len() >= shared.cfg.queue_records_max.max(1) {
             return Err(JournalError::QueueFull);
@@ -171,18 +172,19 @@ impl Core {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return self.hand_off(q),
         };
-        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.shared.is_failed() {
             return; // fail_all drained the queue
         }
-        let bytes: u64 = q
-            .items
-            .iter()
-            .map(|(r, _)| record::record_len(r) as u64)
-            .sum();
-        if q.items.len() > INLINE_RECORDS_MAX
-            || bytes > INLINE_BYTES_MAX.min(self.shared.cfg.group_commit_bytes_max as u64)
-            || !w.fits(bytes)
-        {
+        let small = q.items.len() <= INLINE_RECORDS_MAX && {
+            let bytes: u64 = q
+                .items
+                .iter()
+                .map(|(r, _)| record::record_len(r) as u64)
+                .sum();
+            bytes <= INLINE_BYTES_MAX.min(self.shared.cfg.group_commit_bytes_max as u64)
+                && w.fits(bytes)
+        };
+        if !small {
             drop(w);
             return self.hand_off(q);
         }
@@ -256,7 +258,7 @@ impl Core {
                 };
                 let mut q = lock(&self.queue);
                 let closing = loop {
-                    if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+                    if self.shared.is_failed() {
                         return Ok(());
                     }
                     if q.closing {
@@ -285,7 +287,7 @@ impl Core {
                 };
                 drop(q);
                 let mut w = lock(&self.writer);
-                if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+                if self.shared.is_failed() {
                     return Ok(()); // a flush task failed while we waited
                 }
                 let r = if closing {
