@@ -4,7 +4,9 @@
 //!
 //! Structure: one task reads frames and handles commands in order; one task
 //! writes the frames queued on a bounded channel (responses, receipts,
-//! messages); each producer has an append task (SEND → managed-ledger
+//! messages; it yields once before it looks, so frames queued by tasks woken
+//! together, such as an entry's receipt and its dispatch, leave in one
+//! write); each producer has an append task (SEND → managed-ledger
 //! append, in order) and a receipt task (waits for each append to be durable,
 //! in order, then queues SEND_RECEIPT). Events from those tasks (a producer
 //! closed by the broker, a waiting producer granted) come back to the reader
@@ -312,31 +314,9 @@ where
 {
     let frame_max = state.config.frame_bytes_max();
     let mut reader = FramedRead::new(rd, PulsarCodec::new(frame_max));
-    let mut writer = FramedWrite::new(wr, PulsarCodec::new(frame_max));
-    let (out, mut out_rx) = mpsc::channel::<Frame>(state.config.outbound_queue_max);
-    let write_task = tokio::spawn(
-        async move {
-            while let Some(frame) = out_rx.recv().await {
-                if let Err(e) = writer.feed(frame).await {
-                    debug!(error = %e, "write failed");
-                    return;
-                }
-                // Batch what is queued already, then flush.
-                while let Ok(frame) = out_rx.try_recv() {
-                    if let Err(e) = writer.feed(frame).await {
-                        debug!(error = %e, "write failed");
-                        return;
-                    }
-                }
-                if let Err(e) = writer.flush().await {
-                    debug!(error = %e, "flush failed");
-                    return;
-                }
-            }
-            let _ = writer.close().await;
-        }
-        .in_current_span(),
-    );
+    let writer = FramedWrite::new(wr, PulsarCodec::new(frame_max));
+    let (out, out_rx) = mpsc::channel::<Frame>(state.config.outbound_queue_max);
+    let write_task = tokio::spawn(write_frames(writer, out_rx).in_current_span());
     let (events_tx, mut events_rx) = mpsc::channel(1024);
     let mut conn = Conn {
         state: state.clone(),
@@ -440,6 +420,36 @@ where
 }
 
 /// The request id of a command that has one (for ERROR answers).
+/// The connection's writer: sends the frames queued for it, in order, until
+/// every sender is gone, then closes the stream. What is queued when it runs
+/// goes out in one flush. Before it looks, it yields once, so the tasks that
+/// are ready now queue their frames first: an entry's receipt and its
+/// dispatch to a consumer on the same connection are woken together, and so
+/// go out in one write (one wake-up of the client) instead of two.
+async fn write_frames<W>(mut writer: FramedWrite<W, PulsarCodec>, mut out_rx: mpsc::Receiver<Frame>)
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    while let Some(frame) = out_rx.recv().await {
+        if let Err(e) = writer.feed(frame).await {
+            debug!(error = %e, "write failed");
+            return;
+        }
+        tokio::task::yield_now().await;
+        while let Ok(frame) = out_rx.try_recv() {
+            if let Err(e) = writer.feed(frame).await {
+                debug!(error = %e, "write failed");
+                return;
+            }
+        }
+        if let Err(e) = writer.flush().await {
+            debug!(error = %e, "flush failed");
+            return;
+        }
+    }
+    let _ = writer.close().await;
+}
+
 pub(crate) fn request_id_of(cmd: &BaseCommand) -> u64 {
     cmd.producer
         .as_ref()
@@ -1565,5 +1575,112 @@ async fn receipt_task(
                 generation,
             })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// Records the size of every write the connection's writer makes.
+    #[derive(Clone, Default)]
+    struct Writes(Arc<Mutex<Vec<usize>>>);
+
+    impl tokio::io::AsyncWrite for Writes {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.0.lock().unwrap().push(buf.len());
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn frame_len(cmd: BaseCommand) -> usize {
+        let mut buf = bytes::BytesMut::new();
+        tokio_util::codec::Encoder::encode(
+            &mut PulsarCodec::new(1 << 20),
+            Frame::from(cmd),
+            &mut buf,
+        )
+        .unwrap();
+        buf.len()
+    }
+
+    /// Two tasks woken together by a third (an entry's receipt and its
+    /// dispatch, woken by the managed ledger's completion) each queue a
+    /// frame: they leave in one write, not in two. On the
+    /// broker's runtime (multi-thread) the last task woken runs next, so the
+    /// first frame wakes the writer ahead of the other task: without the
+    /// writer's yield that is two writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn frames_queued_by_tasks_woken_together_leave_in_one_write() {
+        let writes = Writes::default();
+        let (out, rx) = mpsc::channel::<Frame>(16);
+        let writer = tokio::spawn(write_frames(
+            FramedWrite::new(writes.clone(), PulsarCodec::new(1 << 20)),
+            rx,
+        ));
+        let (go_tx, go_rx) = tokio::sync::watch::channel(());
+        let (ready_tx, mut ready_rx) = mpsc::channel::<()>(2);
+        let mut tasks = Vec::new();
+        for cmd in [commands::send_receipt(1, 7, 3, 9), commands::ping()] {
+            let (out, mut go, ready) = (out.clone(), go_rx.clone(), ready_tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut changed = std::pin::pin!(go.changed());
+                // Registered as a waiter before the test is told it is.
+                assert!(futures::poll!(&mut changed).is_pending());
+                ready.send(()).await.unwrap();
+                changed.await.unwrap();
+                out.send(Frame::from(cmd)).await.unwrap();
+            }));
+        }
+        for _ in 0..2 {
+            ready_rx.recv().await.unwrap();
+        }
+        // Wake both at once from a task on the runtime's worker, as the
+        // completion task does.
+        tokio::spawn(async move { go_tx.send(()).unwrap() })
+            .await
+            .unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        drop(out);
+        writer.await.unwrap();
+        let expected = frame_len(commands::send_receipt(1, 7, 3, 9)) + frame_len(commands::ping());
+        assert_eq!(*writes.0.lock().unwrap(), vec![expected]);
+    }
+
+    /// A lone frame is written without waiting for another one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lone_frame_is_written_at_once() {
+        let writes = Writes::default();
+        let (out, rx) = mpsc::channel::<Frame>(16);
+        let writer = tokio::spawn(write_frames(
+            FramedWrite::new(writes.clone(), PulsarCodec::new(1 << 20)),
+            rx,
+        ));
+        out.send(Frame::from(commands::ping())).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while writes.0.lock().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the frame was never written");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*writes.0.lock().unwrap(), vec![frame_len(commands::ping())]);
+        drop(out);
+        writer.await.unwrap();
     }
 }
