@@ -555,13 +555,18 @@ impl PaceTimer {
                 Expiration::OneShot(TimeSpec::from_duration(at - now)),
                 TimerSetTimeFlags::empty(),
             )?;
-            // `try_io` clears the readiness when the read would block.
+            // `try_io` clears the readiness when the read would block. After
+            // a read that took the expiration it is cleared too: the timer is
+            // one-shot and not armed again yet, so nothing can be left to
+            // read, and the next wait would otherwise start with a read that
+            // fails (one wasted system call per send).
             loop {
                 let mut ready = self.fd.readable().await?;
                 if let Ok(r) =
                     ready.try_io(|fd| fd.get_ref().0.wait().map_err(std::io::Error::from))
                 {
                     r?;
+                    ready.clear_ready();
                     break;
                 }
             }
