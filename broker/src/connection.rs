@@ -4,8 +4,8 @@
 //!
 //! Structure: one task reads frames and handles commands in order; one task
 //! writes the frames queued on a bounded channel (responses, receipts,
-//! messages; it yields once before it looks, so frames queued by tasks woken
-//! together, such as an entry's receipt and its dispatch, leave in one
+//! messages; once it has a frame it yields once, so frames queued by tasks
+//! woken together, such as an entry's receipt and its dispatch, leave in one
 //! write); each producer has an append task (SEND → managed-ledger
 //! append, in order) and a receipt task (waits for each append to be durable,
 //! in order, then queues SEND_RECEIPT). Events from those tasks (a producer
@@ -419,11 +419,10 @@ where
     let _ = tokio::time::timeout(Duration::from_secs(5), write_task).await;
 }
 
-/// The request id of a command that has one (for ERROR answers).
 /// The connection's writer: sends the frames queued for it, in order, until
-/// every sender is gone, then closes the stream. What is queued when it runs
-/// goes out in one flush. Before it looks, it yields once, so the tasks that
-/// are ready now queue their frames first: an entry's receipt and its
+/// every sender is gone, then closes the stream. Once it has taken a frame it
+/// yields once, so the tasks that are ready now queue theirs first, and then
+/// flushes everything queued as one write: an entry's receipt and its
 /// dispatch to a consumer on the same connection are woken together, and so
 /// go out in one write (one wake-up of the client) instead of two.
 async fn write_frames<W>(mut writer: FramedWrite<W, PulsarCodec>, mut out_rx: mpsc::Receiver<Frame>)
@@ -450,6 +449,7 @@ where
     let _ = writer.close().await;
 }
 
+/// The request id of a command that has one (for ERROR answers).
 pub(crate) fn request_id_of(cmd: &BaseCommand) -> u64 {
     cmd.producer
         .as_ref()
