@@ -1608,6 +1608,17 @@ mod tests {
         }
     }
 
+    /// A connection writer on a fresh queue, writing into a recorder.
+    fn spawn_writer() -> (Writes, mpsc::Sender<Frame>, tokio::task::JoinHandle<()>) {
+        let writes = Writes::default();
+        let (out, rx) = mpsc::channel::<Frame>(16);
+        let writer = tokio::spawn(write_frames(
+            FramedWrite::new(writes.clone(), PulsarCodec::new(1 << 20)),
+            rx,
+        ));
+        (writes, out, writer)
+    }
+
     fn frame_len(cmd: BaseCommand) -> usize {
         let mut buf = bytes::BytesMut::new();
         tokio_util::codec::Encoder::encode(
@@ -1627,12 +1638,7 @@ mod tests {
     /// writer's yield that is two writes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn frames_queued_by_tasks_woken_together_leave_in_one_write() {
-        let writes = Writes::default();
-        let (out, rx) = mpsc::channel::<Frame>(16);
-        let writer = tokio::spawn(write_frames(
-            FramedWrite::new(writes.clone(), PulsarCodec::new(1 << 20)),
-            rx,
-        ));
+        let (writes, out, writer) = spawn_writer();
         let (go_tx, go_rx) = tokio::sync::watch::channel(());
         let (ready_tx, mut ready_rx) = mpsc::channel::<()>(2);
         let mut tasks = Vec::new();
@@ -1667,12 +1673,7 @@ mod tests {
     /// A lone frame is written without waiting for another one.
     #[tokio::test(flavor = "current_thread")]
     async fn a_lone_frame_is_written_at_once() {
-        let writes = Writes::default();
-        let (out, rx) = mpsc::channel::<Frame>(16);
-        let writer = tokio::spawn(write_frames(
-            FramedWrite::new(writes.clone(), PulsarCodec::new(1 << 20)),
-            rx,
-        ));
+        let (writes, out, writer) = spawn_writer();
         out.send(Frame::from(commands::ping())).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while writes.0.lock().unwrap().is_empty() {
