@@ -31,7 +31,8 @@ pub const MESSAGE_BYTES_MAX_LIMIT: usize = 7 * 1024 * 1024 - FRAME_PADDING_BYTES
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
     /// Threads of the async runtime (connections, dispatch, the admin API);
-    /// 0 = one per CPU the process may use. Where the broker shares few
+    /// 0 = one per CPU the process may use, 1 = a single-threaded runtime on
+    /// the main thread. Where the broker shares few
     /// cores with other servers, fewer threads switch less.
     #[arg(long, default_value_t = 0)]
     pub worker_threads: usize,

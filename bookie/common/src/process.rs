@@ -1,6 +1,13 @@
 //! What every binary's `main` does around its async work: run it on a
-//! multi-threaded tokio runtime and turn the outcome into an exit code
-//! ([`run_main`]), and wait for SIGTERM or SIGINT ([`shutdown_signal`]).
+//! tokio runtime and turn the outcome into an exit code ([`run_main`]), and
+//! wait for SIGTERM or SIGINT ([`shutdown_signal`]).
+//!
+//! One runtime thread asked for (`worker_threads = 1`) is tokio's
+//! current-thread runtime: the main thread runs every task, as the one
+//! worker of a multi-threaded runtime would, without the work-stealing
+//! scheduler's bookkeeping (about 3 % fewer instructions per W2 message in
+//! the broker and 2 % in a bookie, BENCHMARKS.md "Instructions per
+//! message"). Blocking work still goes to `spawn_blocking`'s pool.
 
 use std::process::ExitCode;
 
@@ -12,17 +19,23 @@ pub fn run_main(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> E
 }
 
 /// [`run_main`] on `worker_threads` runtime threads (0 = tokio's default:
-/// `TOKIO_WORKER_THREADS`, else one per CPU the process may use). Servers
-/// that share a few cores with other processes switch less with fewer
-/// workers (BENCHMARKS.md, "Worker threads").
+/// `TOKIO_WORKER_THREADS`, else one per CPU the process may use; 1 = the
+/// current-thread runtime on the calling thread). Servers that share a few
+/// cores with other processes switch less with fewer workers
+/// (BENCHMARKS.md, "Worker threads").
 pub fn run_main_with(
     worker_threads: usize,
     fut: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> ExitCode {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if worker_threads > 0 {
-        builder.worker_threads(worker_threads);
-    }
+    let mut builder = if worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if worker_threads > 0 {
+            b.worker_threads(worker_threads);
+        }
+        b
+    };
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -78,5 +91,40 @@ mod tests {
         assert_eq!(workers(1), 1);
         assert_eq!(workers(3), 3);
         assert!(workers(0) >= 1);
+    }
+
+    #[test]
+    fn one_thread_is_the_current_thread_runtime_and_still_runs_blocking_work() {
+        use tokio::runtime::RuntimeFlavor;
+        let flavor = |n: usize| {
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+            let s = seen.clone();
+            let code = run_main_with(n, async move {
+                let main = std::thread::current().id();
+                // A spawned task runs on the calling thread; spawn_blocking
+                // on another one, without stalling the runtime.
+                let task = tokio::spawn(async { std::thread::current().id() })
+                    .await
+                    .map_err(anyhow::Error::from)?;
+                let blocking = tokio::task::spawn_blocking(|| std::thread::current().id())
+                    .await
+                    .map_err(anyhow::Error::from)?;
+                *s.lock().unwrap() = Some((
+                    tokio::runtime::Handle::current().runtime_flavor(),
+                    task == main,
+                    blocking != main,
+                ));
+                Ok(())
+            });
+            assert_eq!(code, ExitCode::SUCCESS);
+            seen.lock().unwrap().take().expect("ran")
+        };
+        assert_eq!(flavor(1), (RuntimeFlavor::CurrentThread, true, true));
+        let (f, task_on_main, _) = flavor(2);
+        assert_eq!(f, RuntimeFlavor::MultiThread);
+        assert!(
+            !task_on_main,
+            "a multi-threaded runtime's tasks run on its workers"
+        );
     }
 }

@@ -285,14 +285,25 @@ pub fn write_set_bookies(
     spec: &QuorumSpec,
     entry_id: EntryId,
 ) -> Vec<BookieId> {
-    match ensemble_for_entry(md, entry_id) {
-        Some(ens) => spec
-            .write_set(entry_id)
-            .into_iter()
-            .filter_map(|slot| ens.get(slot).cloned())
-            .collect(),
-        None => Vec::new(),
-    }
+    write_set_iter(md, spec, entry_id).cloned().collect()
+}
+
+/// [`write_set_bookies`] borrowed from `md`, without allocating.
+pub fn write_set_iter<'a>(
+    md: &'a LedgerMetadata,
+    spec: &QuorumSpec,
+    entry_id: EntryId,
+) -> impl Iterator<Item = &'a BookieId> + use<'a> {
+    let ens = ensemble_for_entry(md, entry_id).unwrap_or(&[]);
+    let slots = if ens.is_empty() {
+        None
+    } else {
+        Some(spec.write_set_slots(entry_id))
+    };
+    slots
+        .into_iter()
+        .flatten()
+        .filter_map(move |slot| ens.get(slot))
 }
 
 /// Checks the whole metadata; returns its quorum spec.
@@ -636,6 +647,16 @@ mod tests {
         assert!(ensemble_for_entry(&md, -1).is_none());
         assert_eq!(last_segment(&md).unwrap().first_entry_id, 10);
         assert_eq!(write_set_bookies(&md, &spec, 11), ids(&["b3", "b1", "b4"]));
+        // Slot (e mod E + i) mod E of the entry's segment, i < Qw; none
+        // before the first segment.
+        for e in 0..25i64 {
+            let ens = ensemble_for_entry(&md, e).unwrap();
+            let want: Vec<&BookieId> = (0..3).map(|i| &ens[(e as usize + i) % 3]).collect();
+            let got: Vec<&BookieId> = write_set_iter(&md, &spec, e).collect();
+            assert_eq!(got, want, "entry {e}");
+        }
+        assert_eq!(write_set_iter(&md, &spec, -1).count(), 0);
+        assert!(write_set_bookies(&md, &spec, -1).is_empty());
     }
 
     #[test]

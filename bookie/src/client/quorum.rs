@@ -122,10 +122,15 @@ impl QuorumSpec {
 
     /// The ensemble slots of entry `entry_id`'s write set, in write-set order.
     pub fn write_set(&self, entry_id: i64) -> Vec<usize> {
+        self.write_set_slots(entry_id).collect()
+    }
+
+    /// [`write_set`](Self::write_set) without allocating (the per-add paths
+    /// of the replicator take it once per answer).
+    pub fn write_set_slots(&self, entry_id: i64) -> impl Iterator<Item = usize> + use<> {
         let first = self.first_slot(entry_id);
-        (0..self.write_quorum)
-            .map(|i| (first + i) % self.ensemble_size)
-            .collect()
+        let e = self.ensemble_size;
+        (0..self.write_quorum).map(move |i| (first + i) % e)
     }
 
     /// Whether ensemble slot `slot` is in entry `entry_id`'s write set.

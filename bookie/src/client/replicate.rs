@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use tracing::{debug, warn};
 
-use super::metadata::{last_segment, write_set_bookies};
+use super::metadata::{last_segment, write_set_bookies, write_set_iter};
 use super::quorum::QuorumSpec;
 use super::{BookieId, BookieStatus, EnsembleChangeRequest, EntryId};
 use crate::proto::metadata::LedgerMetadata;
@@ -190,9 +190,8 @@ impl Replicator {
                 if self.failed.contains(bookie) {
                     return;
                 }
-                let in_write_set = write_set_bookies(&self.md, &self.spec, entry_id)
-                    .iter()
-                    .any(|b| b == bookie);
+                let in_write_set =
+                    write_set_iter(&self.md, &self.spec, entry_id).any(|b| b == bookie);
                 if let Some(p) = self.pending.get_mut(&entry_id)
                     && in_write_set
                 {
@@ -362,8 +361,7 @@ impl Replicator {
             let Some(p) = self.pending.get(&next) else {
                 break;
             };
-            let acks = write_set_bookies(&self.md, &self.spec, next)
-                .iter()
+            let acks = write_set_iter(&self.md, &self.spec, next)
                 .filter(|b| p.acked.contains(*b) && !self.failed.contains(*b))
                 .count();
             if !self.spec.ack_quorum_met(acks) {

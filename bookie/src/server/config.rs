@@ -143,7 +143,8 @@ pub struct BookieConfig {
     #[arg(long, value_enum, default_value_t = crate::storage::ReadIoClass::Idle)]
     pub read_io_class: crate::storage::ReadIoClass,
     /// Threads of the async runtime (gRPC, HTTP, the add and read paths);
-    /// 0 = one per CPU the process may use. Where the bookie shares few
+    /// 0 = one per CPU the process may use, 1 = a single-threaded runtime on
+    /// the main thread. Where the bookie shares few
     /// cores with other servers, fewer threads switch less.
     #[arg(long, default_value_t = 0)]
     pub worker_threads: usize,
