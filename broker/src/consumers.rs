@@ -716,7 +716,6 @@ async fn forward(
     events: mpsc::Sender<ConnEvent>,
 ) {
     let mut closing = topic.closing();
-    let counter = message_counter();
     let dispatch_buckets = state
         .quota
         .dispatch_buckets_for(&topic.name, &subscription)
@@ -746,6 +745,7 @@ async fn forward(
             Delivery::Message {
                 position,
                 redelivery_count,
+                messages,
                 entry,
                 ack_set,
                 ..
@@ -760,7 +760,7 @@ async fn forward(
                     // Batch-index acks: the client skips the acked messages.
                     m.ack_set = ack_set;
                 }
-                let msgs = u64::from(counter(&entry));
+                let msgs = u64::from(messages);
                 let bytes = u64::try_from(entry.len()).unwrap_or(u64::MAX);
                 // Dispatch-rate quotas: this consumer waits (its queue
                 // fills, the subscription stops giving it entries).

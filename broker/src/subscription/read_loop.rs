@@ -224,6 +224,7 @@ fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
             consumer_id: s.consumer,
             position: s.position,
             redelivery_count: s.redelivery_count,
+            messages: s.messages.max(1),
             entry: s.payload.clone(),
             ack_set: inner
                 .cursor

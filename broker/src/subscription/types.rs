@@ -163,6 +163,11 @@ pub enum Delivery {
         position: Position,
         /// Times it was delivered and taken back before.
         redelivery_count: u32,
+        /// The messages it delivers (the consumer's permits it took): a
+        /// batch's messages, less those acked on their own. What the broker
+        /// counts as sent (metrics, dispatch-rate quotas), so the entry need
+        /// not be parsed again for it.
+        messages: u32,
         /// The stored entry bytes, untouched.
         entry: Bytes,
         /// Batch-index acks: the bit set (1 = unacked) of the batch's
