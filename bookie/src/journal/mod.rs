@@ -346,6 +346,14 @@ pub struct Journal {
     inner: Arc<Inner>,
 }
 
+#[cfg(test)]
+impl Journal {
+    /// See `writer::Core::inline_ready`.
+    pub(crate) fn inline_ready(&self) -> bool {
+        self.inner.core.inline_ready()
+    }
+}
+
 struct Inner {
     shared: Arc<Shared>,
     core: Arc<writer::Core>,

@@ -978,14 +978,25 @@ async fn groups_are_written_inline_by_the_runtime_or_by_the_writer_thread() {
         );
 
         // As many appends as a runtime thread writes, queued before the
-        // runtime turns: one group.
+        // runtime turns: one group when the runtime writes it (its flush task
+        // runs after this turn). The writer thread runs beside this one and
+        // may take the first append before the others are queued (a loaded
+        // machine preempts this thread between them), so there: 1 to n.
         let base = faulty.sync_count();
         let n = super::writer::INLINE_RECORDS_MAX as i64;
         let all: Vec<_> = (1..=n).map(|i| j.append(entry(i))).collect();
         for r in futures::future::join_all(all).await {
             r.unwrap();
         }
-        assert_eq!(faulty.sync_count() - base, 1, "inline {inline}: one group");
+        let groups = faulty.sync_count() - base;
+        if inline {
+            assert_eq!(groups, 1, "inline: one group");
+        } else {
+            assert!(
+                (1..=n as u64).contains(&groups),
+                "writer thread: {groups} groups"
+            );
+        }
         assert_eq!(gate.last_thread() == "journal-writer", !inline);
 
         // Outside a runtime the writer thread takes it.
@@ -1032,9 +1043,21 @@ async fn large_groups_and_rotations_go_to_the_writer_thread() {
         r.unwrap();
     }
     assert_eq!(gate.last_thread(), "journal-writer");
-    // Lone 20 KiB appends go inline until one needs the next file.
+    // Lone 20 KiB appends go inline until one needs the next file. Each
+    // waits until an inline write is possible: the writer thread may still
+    // be marked busy after its last group completed, and a write slower
+    // than INLINE_SLOW (a loaded disk) pauses inline writes for a while;
+    // either sends an append to the thread without a rotation.
     let mut threads = Vec::new();
     for i in 4..16 {
+        let deadline = std::time::Instant::now() + super::writer::INLINE_PAUSE * 5;
+        while !j.inline_ready() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the journal never became ready for an inline write"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
         j.append(big(i)).await.unwrap();
         threads.push(gate.last_thread());
     }

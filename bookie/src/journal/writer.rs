@@ -143,6 +143,19 @@ impl Core {
         Ok(Queued::Nothing)
     }
 
+    /// Whether the next lone append would be written inline: the writer
+    /// thread is not busy, no flush task is pending and inline writes are
+    /// not paused. For tests that must not race the writer thread's return
+    /// to idle (a loaded machine may keep it marked busy a while after its
+    /// last group completed) or a pause after a slow write.
+    #[cfg(test)]
+    pub(crate) fn inline_ready(&self) -> bool {
+        let q = lock(&self.queue);
+        !q.thread_active
+            && !q.inline_pending
+            && q.inline_paused_until.is_none_or(|t| Instant::now() >= t)
+    }
+
     /// A task that lets the runtime's other ready work (and the socket
     /// reads the I/O driver finds) queue their appends first, then writes
     /// the group on this thread ([`Core::flush_inline`]). Dropped unrun (the
