@@ -294,15 +294,9 @@ pub fn write_set_iter<'a>(
     spec: &QuorumSpec,
     entry_id: EntryId,
 ) -> impl Iterator<Item = &'a BookieId> + use<'a> {
+    // No segment holds the entry: an empty ensemble, so no bookies.
     let ens = ensemble_for_entry(md, entry_id).unwrap_or(&[]);
-    let slots = if ens.is_empty() {
-        None
-    } else {
-        Some(spec.write_set_slots(entry_id))
-    };
-    slots
-        .into_iter()
-        .flatten()
+    spec.write_set_slots(entry_id)
         .filter_map(move |slot| ens.get(slot))
 }
 
