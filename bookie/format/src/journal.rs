@@ -139,6 +139,21 @@ pub fn encode_into(
     generation: u64,
     synced_offset: u64,
 ) -> usize {
+    let start = encode_unsealed(buf, rec, generation, synced_offset);
+    seal(buf, start, false);
+    start
+}
+
+/// [`encode_into`] without the CRC: the record is invalid until [`seal`]ed.
+/// A journal writer seals each record once, when it knows whether the record
+/// ends its group, instead of computing the CRC at encode time and again when
+/// [`mark_last_in_group`] sets the flag.
+pub fn encode_unsealed(
+    buf: &mut Vec<u8>,
+    rec: &JournalRecord,
+    generation: u64,
+    synced_offset: u64,
+) -> usize {
     let start = buf.len();
     let n = body_len(rec);
     // n <= RECORD_BODY_BYTES_MAX, far below u32::MAX.
@@ -189,18 +204,25 @@ pub fn encode_into(
             buf.push(u8::from(*in_limbo));
         }
     }
-    let crc = record_crc(&buf[start..]);
-    buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
     start
+}
+
+/// Computes and stores the CRC of the record at `buf[start..]` (which must be
+/// the last one in `buf`), first setting [`FLAG_LAST_IN_GROUP`] if
+/// `last_in_group`.
+pub fn seal(buf: &mut [u8], start: usize, last_in_group: bool) {
+    let rec = &mut buf[start..];
+    if last_in_group {
+        rec[24] |= FLAG_LAST_IN_GROUP;
+    }
+    let crc = record_crc(rec);
+    rec[4..8].copy_from_slice(&crc.to_be_bytes());
 }
 
 /// Sets [`FLAG_LAST_IN_GROUP`] on the record at `buf[start..]` (which must be
 /// the last one in `buf`) and recomputes its CRC.
 pub fn mark_last_in_group(buf: &mut [u8], start: usize) {
-    let rec = &mut buf[start..];
-    rec[24] |= FLAG_LAST_IN_GROUP;
-    let crc = record_crc(rec);
-    rec[4..8].copy_from_slice(&crc.to_be_bytes());
+    seal(buf, start, true);
 }
 
 /// A valid record found by [`decode_at`].
@@ -515,6 +537,25 @@ mod tests {
                 in_limbo: true,
             },
         ]
+    }
+
+    #[test]
+    fn a_record_sealed_once_equals_one_encoded_then_marked() {
+        for rec in all_kinds() {
+            for last in [false, true] {
+                let mut want = vec![0x55; 5];
+                let start = encode_into(&mut want, &rec, 4, 4096);
+                if last {
+                    mark_last_in_group(&mut want, start);
+                }
+                let mut got = vec![0x55; 5];
+                let s = encode_unsealed(&mut got, &rec, 4, 4096);
+                assert_eq!(s, start);
+                assert!(decode_at(&got, s, 4).is_err(), "unsealed is invalid");
+                seal(&mut got, s, last);
+                assert_eq!(got, want);
+            }
+        }
     }
 
     #[test]

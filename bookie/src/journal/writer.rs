@@ -474,7 +474,12 @@ impl Writer {
         if self.group_len() == 0 {
             self.group_started = Instant::now();
         }
-        self.last_start = record::encode_into(&mut self.buf, &rec, self.seq, self.synced_pos);
+        // Each record's CRC is computed once: the group's previous record is
+        // sealed now that it is not the last; the last one in flush_group.
+        if self.group_len() > 0 {
+            record::seal(&mut self.buf, self.last_start, false);
+        }
+        self.last_start = record::encode_unsealed(&mut self.buf, &rec, self.seq, self.synced_pos);
         self.waiters.push(done);
         Ok(())
     }
@@ -485,7 +490,7 @@ impl Writer {
         if self.group_len() == 0 {
             return Ok(());
         }
-        record::mark_last_in_group(&mut self.buf, self.last_start);
+        record::seal(&mut self.buf, self.last_start, true);
         let padded = record::align_up(self.group_len() as u64) as usize;
         // The write goes on with zeros to the end of the page the group ends
         // in (within the file): it then covers every page it starts whole,

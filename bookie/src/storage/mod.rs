@@ -624,8 +624,22 @@ impl LedgerStorage {
             {
                 let mut locations = txn.open_table(LOCATIONS).map_err(db_err)?;
                 if let Some(half) = half {
+                    // Entries already indexed (a replayed journal re-adds them)
+                    // are skipped. One range lookup per ledger of the half, not
+                    // one lookup per entry: the half is in (ledger, entry)
+                    // order and almost never holds an indexed entry.
+                    let mut run: Option<u64> = None;
+                    let mut indexed: Vec<i64> = Vec::new();
                     for (&(l, e), data) in &half.entries {
-                        if locations.get((l, e)).map_err(db_err)?.is_some() {
+                        if run != Some(l) {
+                            run = Some(l);
+                            indexed.clear();
+                            let last = half.last_entry_id(l).unwrap_or(e);
+                            for item in locations.range((l, e)..=(l, last)).map_err(db_err)? {
+                                indexed.push(item.map_err(db_err)?.0.value().1);
+                            }
+                        }
+                        if indexed.binary_search(&e).is_ok() {
                             continue;
                         }
                         let loc = writer

@@ -34,7 +34,7 @@ impl Half {
         self.entries.get(&(ledger_id, entry_id))
     }
 
-    fn last_entry_id(&self, ledger_id: u64) -> Option<i64> {
+    pub(crate) fn last_entry_id(&self, ledger_id: u64) -> Option<i64> {
         self.entries
             .range((ledger_id, i64::MIN)..=(ledger_id, i64::MAX))
             .next_back()
