@@ -102,22 +102,27 @@ impl Interceptor for Target {
 type Raw = RawClient<tonic::service::interceptor::InterceptedService<Channel, Target>>;
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<StatusCode>>>>;
 
-/// One bookie's connection.
+/// One bookie's connection. Clones share it (and are cheap: the ledger
+/// client takes one per add it sends).
 #[derive(Clone)]
 pub struct BookieClient {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
     bookie_id: String,
     raw: Raw,
     opts: ClientOptions,
     adds: mpsc::Sender<AddRequest>,
     waiters: Waiters,
-    next_id: Arc<AtomicU64>,
+    next_id: AtomicU64,
     closed: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for BookieClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BookieClient")
-            .field("bookie_id", &self.bookie_id)
+            .field("bookie_id", &self.inner.bookie_id)
             .finish_non_exhaustive()
     }
 }
@@ -207,29 +212,31 @@ impl BookieClient {
             lock(&w).clear();
         });
         Ok(BookieClient {
-            bookie_id: bookie_id.to_string(),
-            raw,
-            opts,
-            adds: tx,
-            waiters,
-            next_id: Arc::new(AtomicU64::new(1)),
-            closed,
+            inner: Arc::new(Shared {
+                bookie_id: bookie_id.to_string(),
+                raw,
+                opts,
+                adds: tx,
+                waiters,
+                next_id: AtomicU64::new(1),
+                closed,
+            }),
         })
     }
 
     /// Whether the add stream has ended (the connection must be replaced).
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.inner.closed.load(Ordering::Acquire)
     }
 
     /// The bookie's id.
     pub fn bookie_id(&self) -> &str {
-        &self.bookie_id
+        &self.inner.bookie_id
     }
 
     fn rpc_err(&self, s: Status) -> ClientError {
         ClientError::Rpc {
-            bookie: self.bookie_id.clone(),
+            bookie: self.inner.bookie_id.clone(),
             code: s.code(),
             message: s.message().to_string(),
         }
@@ -237,7 +244,7 @@ impl BookieClient {
 
     fn deadline<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
-        r.set_timeout(Duration::from_millis(self.opts.request_timeout_ms));
+        r.set_timeout(Duration::from_millis(self.inner.opts.request_timeout_ms));
         r
     }
 
@@ -250,9 +257,9 @@ impl BookieClient {
         recovery: bool,
         body: Bytes,
     ) -> Result<StatusCode, ClientError> {
-        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let request_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.waiters).insert(request_id, tx);
+        lock(&self.inner.waiters).insert(request_id, tx);
         let req = AddRequest {
             request_id,
             ledger_id,
@@ -265,12 +272,12 @@ impl BookieClient {
             },
             body,
         };
-        if self.adds.send(req).await.is_err() || self.closed.load(Ordering::Acquire) {
-            lock(&self.waiters).remove(&request_id);
-            return Err(ClientError::Disconnected(self.bookie_id.clone()));
+        if self.inner.adds.send(req).await.is_err() || self.inner.closed.load(Ordering::Acquire) {
+            lock(&self.inner.waiters).remove(&request_id);
+            return Err(ClientError::Disconnected(self.inner.bookie_id.clone()));
         }
         rx.await
-            .map_err(|_| ClientError::Disconnected(self.bookie_id.clone()))
+            .map_err(|_| ClientError::Disconnected(self.inner.bookie_id.clone()))
     }
 
     /// Reads one entry; with `fence_key`, fences the ledger first.
@@ -292,7 +299,8 @@ impl BookieClient {
             master_key: fence_key.unwrap_or_default(),
             fairness_key: fairness_key.to_string(),
         };
-        self.raw
+        self.inner
+            .raw
             .clone()
             .read(self.deadline(req))
             .await
@@ -318,7 +326,8 @@ impl BookieClient {
             master_key: Bytes::new(),
             fairness_key: fairness_key.to_string(),
         };
-        self.raw
+        self.inner
+            .raw
             .clone()
             .read_range(self.deadline(req))
             .await
@@ -342,9 +351,10 @@ impl BookieClient {
         };
         let mut r = Request::new(req);
         r.set_timeout(Duration::from_millis(
-            self.opts.request_timeout_ms + u64::from(timeout_ms),
+            self.inner.opts.request_timeout_ms + u64::from(timeout_ms),
         ));
-        self.raw
+        self.inner
+            .raw
             .clone()
             .read_next(r)
             .await
@@ -354,7 +364,8 @@ impl BookieClient {
 
     /// What the bookie knows of a ledger's LAC.
     pub async fn read_lac(&self, ledger_id: u64) -> Result<ReadLacResponse, ClientError> {
-        self.raw
+        self.inner
+            .raw
             .clone()
             .read_lac(self.deadline(ReadLacRequest { ledger_id }))
             .await
@@ -376,7 +387,8 @@ impl BookieClient {
             lac,
             body,
         };
-        self.raw
+        self.inner
+            .raw
             .clone()
             .write_lac(self.deadline(req))
             .await
@@ -386,7 +398,8 @@ impl BookieClient {
 
     /// The bookie's identity, mode and space.
     pub async fn info(&self) -> Result<GetBookieInfoResponse, ClientError> {
-        self.raw
+        self.inner
+            .raw
             .clone()
             .get_bookie_info(self.deadline(GetBookieInfoRequest {}))
             .await

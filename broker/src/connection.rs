@@ -349,12 +349,16 @@ where
     let mut last_rx = Instant::now();
     let mut pinged_at: Option<Instant> = None;
     let mut shutdown = state.shutdown_signal();
+    // One future for the whole loop: a new one per turn would register with
+    // (and leave) the watch channel's waiters at every frame.
+    let shutdown = wait_true(&mut shutdown);
+    tokio::pin!(shutdown);
     let mut reserved: Option<OwnedSemaphorePermit> = None;
 
     let close = loop {
         tokio::select! {
             biased;
-            _ = wait_true(&mut shutdown) => break CloseReason::Shutdown,
+            _ = &mut shutdown => break CloseReason::Shutdown,
             Some(ev) = events_rx.recv() => conn.on_event(ev).await,
             permit = conn.publish_permits.clone().acquire_owned(), if reserved.is_none() => {
                 match permit {
@@ -1485,6 +1489,9 @@ async fn receipt_task(
         generation,
     } = who;
     let mut closing = topic.closing();
+    // One future for the task's life (see `serve`'s shutdown).
+    let closing = wait_true(&mut closing);
+    tokio::pin!(closing);
     // Once the connection is gone nothing is sent, but the outcome of every
     // append still in flight is recorded for de-duplication (a resend on a
     // new connection waits for it).
@@ -1492,7 +1499,7 @@ async fn receipt_task(
     let failure = loop {
         let next = tokio::select! {
             n = done.recv() => n,
-            _ = wait_true(&mut closing) => break Some("topic unloaded".to_string()),
+            _ = &mut closing => break Some("topic unloaded".to_string()),
         };
         let Some(pending) = next else {
             // The producer was closed by the client: nothing more to do.
@@ -1534,7 +1541,7 @@ async fn receipt_task(
                 };
                 let durable = tokio::select! {
                     ok = d.wait_for_original(&name, id) => ok,
-                    _ = wait_true(&mut closing) => break Some("topic unloaded".to_string()),
+                    _ = &mut closing => break Some("topic unloaded".to_string()),
                 };
                 if durable {
                     receipt(producer_id, &item, u64::MAX, u64::MAX)

@@ -716,6 +716,10 @@ async fn forward(
     events: mpsc::Sender<ConnEvent>,
 ) {
     let mut closing = topic.closing();
+    // One future for the task's life: a new one per delivery would register
+    // with (and leave) the watch channel's waiters each time.
+    let closing = wait_true(&mut closing);
+    tokio::pin!(closing);
     let dispatch_buckets = state
         .quota
         .dispatch_buckets_for(&topic.name, &subscription)
@@ -725,7 +729,7 @@ async fn forward(
             // Closing first: an unload both sets it and drops the sink, and
             // either way the client must be told.
             biased;
-            _ = wait_true(&mut closing) => None,
+            _ = &mut closing => None,
             d = deliveries.recv() => d,
         };
         let Some(d) = d else {

@@ -15,13 +15,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cms_broker::dispatch::{ConsumerId, DispatchError, SubType};
+use cms_broker::dispatch::{
+    ConsumerId, DispatchError, HashRange, KeySharedMode, KeySharedSpec, SubType,
+};
 use cms_broker::managed_ledger::io::{
     EntryCache, ManagedLedger, ManagedLedgerConfig, Persist, SeekTarget,
 };
 use cms_broker::managed_ledger::{InitialPosition, Position};
 use cms_broker::subscription::{
-    ConsumerSpec, Delivery, MessageCounter, StartPosition, SubError, Subscription,
+    ConsumerSpec, Delivery, KeyHasher, MessageCounter, StartPosition, SubError, Subscription,
     SubscriptionConfig,
 };
 use cms_tests::cluster::{managed_ledger_env, start_bookies};
@@ -469,4 +471,94 @@ async fn only_subscriptions_with_consumers_hold_entries_in_the_cache() {
     assert_eq!(env.cache.len(), 0, "no consumer again");
     sub.close().await.unwrap();
     ml.close().await.unwrap();
+}
+
+/// Entries read while the subscription was Shared carry no key hash (only
+/// Key_Shared routes by key, so the read loop skips it): once the consumers
+/// leave and Key_Shared consumers come, the unacknowledged entries are read
+/// again and routed by their keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_read_for_shared_go_by_key_once_the_subscription_turns_key_shared() {
+    let zk = zk().await;
+    let _bookies = start_bookies(&zk.connect_string(), 3).await;
+    let env = env(&zk).await;
+    let ml = open(&env, "t/ns/turns-key-shared").await;
+    // Entry i: one message of key i % 8 (its second byte). Key k hashes to
+    // k * 8192 + 100, so AUTO_SPLIT's two halves get keys 0-3 and 4-7.
+    let mut pending = Vec::new();
+    for i in 0..40u8 {
+        let mut e = vec![1, i % 8];
+        e.extend_from_slice(format!("entry {i:04}").as_bytes());
+        pending.push(ml.append_pipelined(e).await.unwrap());
+    }
+    let mut positions = BTreeSet::new();
+    for p in pending {
+        positions.insert(p.wait().await.unwrap());
+    }
+    let config = SubscriptionConfig {
+        key_hasher: KeyHasher(Arc::new(|b: &[u8]| {
+            u16::from(b.get(1).copied().unwrap_or(0)) * 8192 + 100
+        })),
+        ..SubscriptionConfig::default()
+    };
+    let sub =
+        Subscription::open_durable(&ml, "turns", InitialPosition::Earliest, counter(), config)
+            .await
+            .unwrap();
+
+    // A Shared consumer gets everything and acknowledges nothing, then leaves.
+    let mut s1 = attach(&sub, 1, "s1", SubType::Shared).unwrap();
+    sub.flow(cid(1), 100).unwrap();
+    let first: BTreeSet<Position> = messages(&mut s1, 40)
+        .await
+        .into_iter()
+        .map(|m| m.0)
+        .collect();
+    assert_eq!(first, positions);
+    sub.remove_consumer(cid(1)).unwrap();
+
+    // Two Key_Shared consumers (STICKY, half the hash range each): every
+    // entry again, each key to the consumer of its hash.
+    let sticky = |i: u64, name: &str, start: u16, end: u16| {
+        let (tx, rx) = mpsc::channel(1_000);
+        sub.add_consumer(ConsumerSpec {
+            id: cid(i),
+            name: name.to_string(),
+            priority: 0,
+            sub_type: SubType::KeyShared,
+            key_shared: Some(KeySharedSpec {
+                mode: KeySharedMode::Sticky,
+                ranges: vec![HashRange { start, end }],
+                allow_out_of_order: false,
+            }),
+            sink: tx,
+        })
+        .unwrap();
+        rx
+    };
+    let mut k1 = sticky(2, "k1", 0, 32_767);
+    let mut k2 = sticky(3, "k2", 32_768, 65_535);
+    sub.flow(cid(2), 100).unwrap();
+    sub.flow(cid(3), 100).unwrap();
+    let mut again = BTreeSet::new();
+    while again.len() < positions.len() {
+        let d = tokio::select! {
+            d = next(&mut k1) => d,
+            d = next(&mut k2) => d,
+        };
+        let Delivery::Message {
+            consumer_id,
+            position,
+            entry,
+            ..
+        } = d
+        else {
+            continue;
+        };
+        let key = entry[1];
+        let want = if key < 4 { cid(2) } else { cid(3) };
+        assert_eq!(consumer_id, want, "key {key} at the wrong consumer");
+        assert!(again.insert(position), "{position:?} twice");
+    }
+    assert_eq!(again, positions);
 }

@@ -24,7 +24,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
 
 use super::{Delivery, Inner, detach, lock};
-use crate::dispatch::{ConsumerId, ReadEntry, ReadPlan, ReadTicket};
+use crate::dispatch::{ConsumerId, ReadEntry, ReadPlan, ReadTicket, SubType};
 use crate::managed_ledger::Position;
 use crate::managed_ledger::io::{Entry, MlError};
 
@@ -196,17 +196,30 @@ async fn read_positions(inner: &Inner, positions: &[Position]) -> Result<Vec<Ent
 }
 
 fn deliver(inner: &Arc<Inner>, ticket: ReadTicket, entries: Vec<Entry>) {
+    let mut st = lock(&inner.state);
+    // Only Key_Shared routes by key: the other types' dispatchers never look
+    // at an entry's key hash, so it is not computed for them (one parse of
+    // the entry less). Decided under the lock `read_done` runs under, so the
+    // type cannot change in between; entries that wait for a replay are read
+    // again, and hashed then if the type changed meanwhile.
+    let hash_keys = !matches!(
+        st.d.sub_type(),
+        Some(SubType::Shared | SubType::Exclusive | SubType::Failover)
+    );
     let read: Vec<ReadEntry<Bytes>> = entries
         .into_iter()
         .map(|e| ReadEntry {
             position: e.position,
             messages: messages_left(inner, e.position, &e.payload),
-            key_hash: inner.config.key_hasher.hash(&e.payload),
+            key_hash: if hash_keys {
+                inner.config.key_hasher.hash(&e.payload)
+            } else {
+                0
+            },
             deliver_at_ms: inner.config.deliver_at.deliver_at_ms(&e.payload),
             payload: e.payload,
         })
         .collect();
-    let mut st = lock(&inner.state);
     st.d.advance_clock(now_ms());
     let sends = st.d.read_done(ticket, read);
     let mut paused: HashSet<ConsumerId> = HashSet::new();

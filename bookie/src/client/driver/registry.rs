@@ -86,6 +86,11 @@ impl Registry {
         read_lock(&self.bookies).values().cloned().collect()
     }
 
+    /// One bookie's registered incarnation, if it is registered.
+    pub(crate) fn incarnation(&self, id: &str) -> Option<u64> {
+        read_lock(&self.bookies).get(id).map(|b| b.incarnation)
+    }
+
     /// One bookie's registration, if it is registered.
     pub(crate) fn get(&self, id: &str) -> Option<BookieInfo> {
         read_lock(&self.bookies).get(id).cloned()
@@ -294,17 +299,21 @@ impl Pool {
 
     /// The connection to `bookie`, connecting (or replacing a closed one) if needed.
     pub(crate) async fn get(&self, bookie: &str) -> Result<BookieClient, ClientError> {
-        let info = self.registry.get(bookie);
-        let Some(info) = info else {
-            return Err(ClientError::Connect {
-                bookie: bookie.to_string(),
-                endpoint: String::new(),
-                reason: "bookie not registered".into(),
-            });
+        // The path of every add: the registered incarnation, then the
+        // connection to it, without copying the registration.
+        let not_registered = || ClientError::Connect {
+            bookie: bookie.to_string(),
+            endpoint: String::new(),
+            reason: "bookie not registered".into(),
         };
-        if let Some(c) = self.cached(bookie, info.incarnation) {
+        let incarnation = self
+            .registry
+            .incarnation(bookie)
+            .ok_or_else(not_registered)?;
+        if let Some(c) = self.cached(bookie, incarnation) {
             return Ok(c);
         }
+        let info = self.registry.get(bookie).ok_or_else(not_registered)?;
         let gate = lock(&self.connecting)
             .entry(bookie.to_string())
             .or_default()
