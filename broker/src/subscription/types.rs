@@ -225,7 +225,8 @@ pub struct SubscriptionConfig {
     /// 10 ms).
     pub read_retry_delay_ms_max: u64,
     /// Key_Shared: the sticky key hash of an entry (default: Pulsar's rule
-    /// on a stored Pulsar entry).
+    /// on a stored Pulsar entry). Called only while the subscription is
+    /// Key_Shared or has no consumers (the other types never use it).
     pub key_hasher: KeyHasher,
     /// Delayed delivery: an entry's delivery time (default: Pulsar's
     /// `deliver_at_time` of a stored Pulsar entry).
