@@ -813,7 +813,7 @@ impl Consumer {
             &part.topic,
             &m.message_id,
             &parsed.metadata,
-            parsed.payload(&frame.entry),
+            frame.entry.slice(parsed.payload.clone()),
             m.redelivery_count.unwrap_or(0),
         );
         let mut msgs = match msgs {

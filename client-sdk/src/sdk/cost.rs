@@ -83,7 +83,7 @@ pub fn decode_message(src: &mut BytesMut) -> Result<Vec<Message>> {
         "persistent://public/default/bench",
         &m.message_id,
         &parsed.metadata,
-        parsed.payload(&p.entry),
+        p.entry.slice(parsed.payload.clone()),
         0,
     )
 }

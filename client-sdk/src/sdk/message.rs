@@ -258,14 +258,23 @@ fn props(kvs: &[KeyValue]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// `data` compressed with `kind`; without compression, `data` itself (no
+/// copy: the entry is built from it once).
+fn compressed(kind: CompressionType, data: Bytes) -> Result<Bytes> {
+    if kind == CompressionType::None {
+        return Ok(data);
+    }
+    compression::compress(kind, &data).map(Bytes::from)
+}
+
 /// Metadata and payload of one message sent alone (not batched).
 pub(crate) fn single_entry_parts(
     msg: &ProducerMessage,
     producer_name: &str,
     sequence_id: u64,
     compression: CompressionType,
-) -> Result<(MessageMetadata, Vec<u8>)> {
-    let payload = compression::compress(compression, &msg.payload)?;
+) -> Result<(MessageMetadata, Bytes)> {
+    let payload = compressed(compression, msg.payload.clone())?;
     let meta = MessageMetadata {
         producer_name: producer_name.to_owned(),
         sequence_id,
@@ -288,7 +297,7 @@ pub(crate) fn batch_entry_parts(
     producer_name: &str,
     first_sequence_id: u64,
     compression: CompressionType,
-) -> Result<(MessageMetadata, Vec<u8>)> {
+) -> Result<(MessageMetadata, Bytes)> {
     let mut raw = BytesMut::new();
     for (i, m) in msgs.iter().enumerate() {
         let smm = SingleMessageMetadata {
@@ -300,14 +309,15 @@ pub(crate) fn batch_entry_parts(
         };
         encode_batched(&mut raw, &smm, &m.payload);
     }
-    let payload = compression::compress(compression, &raw)?;
+    let uncompressed_size = raw.len() as u32;
+    let payload = compressed(compression, raw.freeze())?;
     let last = first_sequence_id + msgs.len().saturating_sub(1) as u64;
     let meta = MessageMetadata {
         producer_name: producer_name.to_owned(),
         sequence_id: first_sequence_id,
         publish_time: millis(SystemTime::now()),
         compression: (compression != CompressionType::None).then_some(compression as i32),
-        uncompressed_size: Some(raw.len() as u32),
+        uncompressed_size: Some(uncompressed_size),
         num_messages_in_batch: Some(msgs.len() as i32),
         highest_sequence_id: Some(last),
         deliver_at_time: msgs.first().and_then(|m| m.deliver_at),
@@ -317,23 +327,32 @@ pub(crate) fn batch_entry_parts(
 }
 
 /// Splits a received entry's payload into messages: decompresses it and
-/// unpacks a batch. `id` is the entry's id from the MESSAGE command.
+/// unpacks a batch. `id` is the entry's id from the MESSAGE command. An
+/// uncompressed payload is shared, not copied (the messages' payloads are
+/// slices of it).
 pub(crate) fn unpack(
     topic: &str,
     id: &MessageIdData,
     meta: &MessageMetadata,
-    payload: &[u8],
+    payload: Bytes,
     redelivery_count: u32,
 ) -> Result<Vec<Message>> {
     let kind = CompressionType::try_from(meta.compression.unwrap_or(0))
         .map_err(|_| Error::Payload(format!("unknown compression {:?}", meta.compression)))?;
-    let data =
-        compression::decompress(kind, payload, meta.uncompressed_size.unwrap_or(0) as usize)?;
+    let data = if kind == CompressionType::None {
+        payload
+    } else {
+        Bytes::from(compression::decompress(
+            kind,
+            &payload,
+            meta.uncompressed_size.unwrap_or(0) as usize,
+        )?)
+    };
     let Some(n) = meta.num_messages_in_batch else {
         return Ok(vec![Message {
             id: MessageId::from_data(id, -1, 0),
             topic: topic.to_owned(),
-            payload: Bytes::from(data),
+            payload: data,
             key: meta.partition_key.clone(),
             properties: props(&meta.properties),
             event_time: meta.event_time.filter(|t| *t > 0),
@@ -343,7 +362,7 @@ pub(crate) fn unpack(
             redelivery_count,
         }]);
     };
-    let batch = parse_batch(Bytes::from(data), n).map_err(|e| Error::Payload(e.to_string()))?;
+    let batch = parse_batch(data, n).map_err(|e| Error::Payload(e.to_string()))?;
     let n = batch.len() as i32;
     let out = batch
         .into_iter()
@@ -423,7 +442,7 @@ mod tests {
             let (meta, payload) = batch_entry_parts(&refs, "p", 100, kind).unwrap();
             assert_eq!(meta.num_messages_in_batch, Some(5));
             assert_eq!(meta.highest_sequence_id, Some(104));
-            let got = unpack("t", &id(), &meta, &payload, 2).unwrap();
+            let got = unpack("t", &id(), &meta, payload.clone(), 2).unwrap();
             assert_eq!(got.len(), 5);
             for (i, m) in got.iter().enumerate() {
                 assert_eq!(m.payload, msgs[i].payload, "{kind:?}");
@@ -447,23 +466,39 @@ mod tests {
             .deliver_at(UNIX_EPOCH + Duration::from_secs(5));
         let (meta, payload) = single_entry_parts(&m, "p", 3, CompressionType::Zstd).unwrap();
         assert_eq!(meta.deliver_at_time, Some(5000));
-        let got = unpack("t", &id(), &meta, &payload, 0).unwrap();
+        let got = unpack("t", &id(), &meta, payload.clone(), 0).unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(&got[0].payload[..], b"hello");
         assert_eq!(got[0].id.batch_index, -1);
     }
 
     #[test]
+    fn an_uncompressed_payload_is_shared_not_copied() {
+        let m = ProducerMessage::new(vec![7u8; 1024]);
+        let (meta, payload) = single_entry_parts(&m, "p", 0, CompressionType::None).unwrap();
+        assert_eq!(payload.as_ptr(), m.payload.as_ptr());
+        let got = unpack("t", &id(), &meta, payload.clone(), 0).unwrap();
+        assert_eq!(got[0].payload.as_ptr(), payload.as_ptr());
+        let (meta, payload) = single_entry_parts(&m, "p", 0, CompressionType::Lz4).unwrap();
+        let got = unpack("t", &id(), &meta, payload, 0).unwrap();
+        assert_eq!(got[0].payload, m.payload);
+    }
+
+    #[test]
     fn json_and_text_helpers() {
         let m = ProducerMessage::json(&serde_json::json!({"a": 1, "b": "x"})).unwrap();
         let (meta, payload) = single_entry_parts(&m, "p", 0, CompressionType::None).unwrap();
-        let got = unpack("t", &id(), &meta, &payload, 0).unwrap().remove(0);
+        let got = unpack("t", &id(), &meta, payload.clone(), 0)
+            .unwrap()
+            .remove(0);
         let v: serde_json::Value = got.json().unwrap();
         assert_eq!(v["a"], 1);
         assert!(got.text().unwrap().contains("\"b\":\"x\""));
         let bad = ProducerMessage::new(vec![0xff, 0xfe]);
         let (meta, payload) = single_entry_parts(&bad, "p", 0, CompressionType::None).unwrap();
-        let got = unpack("t", &id(), &meta, &payload, 0).unwrap().remove(0);
+        let got = unpack("t", &id(), &meta, payload.clone(), 0)
+            .unwrap()
+            .remove(0);
         assert!(got.text().is_err());
         assert!(got.json::<serde_json::Value>().is_err());
     }
@@ -476,12 +511,12 @@ mod tests {
             let mut meta = meta.clone();
             meta.uncompressed_size = Some(cut as u32);
             assert!(
-                unpack("t", &id(), &meta, &payload[..cut], 0).is_err(),
+                unpack("t", &id(), &meta, payload.slice(..cut), 0).is_err(),
                 "cut {cut}"
             );
         }
         let mut meta2 = meta.clone();
         meta2.num_messages_in_batch = Some(-1);
-        assert!(unpack("t", &id(), &meta2, &payload, 0).is_err());
+        assert!(unpack("t", &id(), &meta2, payload.clone(), 0).is_err());
     }
 }
